@@ -1,0 +1,53 @@
+"""Checkpoint every N iterations of each trial."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import tune
+from ray.tune.experiment import Trial
+from ray.tune.result import SHOULD_CHECKPOINT, TRAINING_ITERATION
+
+__all__ = ["CheckpointByStepsTaken"]
+
+
+class CheckpointByStepsTaken(tune.Callback):
+    """Request a checkpoint when a trial has taken N iterations since its last one.
+
+    Counting starts at iteration 0, so with N=5 a trial checkpoints after
+    iterations 5, 10, 15, ... A trial restored from a checkpoint (failure
+    retry, experiment resume, PBT exploit) counts from the iteration it was
+    restored at. State is keyed by trial id and kept across experiment resume.
+    """
+
+    def __init__(self, iterations_per_checkpoint: int) -> None:
+        if (
+            isinstance(iterations_per_checkpoint, bool)
+            or not isinstance(iterations_per_checkpoint, int)
+            or iterations_per_checkpoint < 1
+        ):
+            raise ValueError(
+                f"CheckpointByStepsTaken(iterations_per_checkpoint={iterations_per_checkpoint!r}): "
+                "must be an integer >= 1"
+            )
+        self.steps_per_checkpoint = iterations_per_checkpoint
+        self._last: dict[str, int] = {}
+
+    def on_trial_result(
+        self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
+    ) -> None:
+        current = int(result[TRAINING_ITERATION])
+        last = self._last.get(trial.trial_id, 0)
+        if current < last:  # restored to an earlier iteration
+            last = current - (current % self.steps_per_checkpoint)
+        if current - last >= self.steps_per_checkpoint:
+            result[SHOULD_CHECKPOINT] = True
+            self._last[trial.trial_id] = current
+        else:
+            self._last.setdefault(trial.trial_id, last)
+
+    def get_state(self) -> dict[str, Any] | None:
+        return {"last": dict(self._last)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._last = dict(state.get("last", {}))

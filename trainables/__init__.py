@@ -1,0 +1,9 @@
+"""Reference trainables built on tunekit, with the small real model and data they train."""
+
+from __future__ import annotations
+
+from trainables.class_api import DigitsTrainable
+from trainables.digits import DEFAULTS, load_digits_data
+from trainables.function_api import TrainDigits, train_digits
+
+__all__ = ["DEFAULTS", "DigitsTrainable", "TrainDigits", "load_digits_data", "train_digits"]

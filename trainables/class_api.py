@@ -1,0 +1,36 @@
+"""``DigitsTrainable``: the class-API reference trainable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tunekit import TorchTrainable, TrainingState, load_model, read_metadata
+from trainables.digits import DEFAULTS, build_digits_state, digits_model, evaluate, train_steps
+
+__all__ = ["DigitsTrainable"]
+
+
+class DigitsTrainable(TorchTrainable):
+    """An MLP on scikit-learn's digits; one iteration is one epoch by default.
+
+    Config: ``lr``, ``momentum``, ``weight_decay``, ``hidden_size``,
+    ``batch_size``, ``seed``, ``steps_per_iteration`` (None = one epoch).
+    Reports ``loss`` and ``accuracy`` on the validation split and
+    ``train_loss``.
+    """
+
+    def build(self, config: dict[str, Any]) -> TrainingState:
+        return build_digits_state(config, self.device)
+
+    def train_iteration(self) -> dict[str, Any]:
+        steps = self.config.get("steps_per_iteration", DEFAULTS["steps_per_iteration"])
+        train_loss = train_steps(self.state, steps)
+        return {"train_loss": train_loss, **evaluate(self.state.model, self.device)}
+
+    @staticmethod
+    def load_model(checkpoint_dir: str, *, map_location: str | torch.device = "cpu") -> torch.nn.Module:
+        """Rebuild the model recorded in a checkpoint and load its weights (eval mode)."""
+        config = {**DEFAULTS, **read_metadata(checkpoint_dir).get("config", {})}
+        return load_model(checkpoint_dir, digits_model(int(config["hidden_size"])), map_location=map_location)

@@ -1,0 +1,120 @@
+"""The 8x8 handwritten digits of scikit-learn (1,797 images, shipped in the package)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch import nn
+
+from tunekit import ConfigError, ShuffledBatches, TrainingState
+
+__all__ = ["DEFAULTS", "DigitsData", "build_digits_state", "digits_model", "evaluate", "load_digits_data", "train_steps"]
+
+#: Default hyperparameters of the digits trainables.
+DEFAULTS: dict[str, Any] = {
+    "lr": 0.05,
+    "momentum": 0.9,
+    "weight_decay": 0.0,
+    "hidden_size": 64,
+    "batch_size": 64,
+    "seed": 0,
+    "steps_per_iteration": None,  # None: one epoch per iteration
+}
+
+
+@dataclass(frozen=True)
+class DigitsData:
+    """Train and validation tensors (features scaled to [0, 1])."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+
+
+@lru_cache(maxsize=1)
+def load_digits_data(val_fraction: float = 0.25, split_seed: int = 1234) -> DigitsData:
+    """Load scikit-learn's digits and split them; the split is fixed by ``split_seed``."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.tensor(bunch.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(bunch.target, dtype=torch.long)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(split_seed))
+    n_val = int(len(x) * val_fraction)
+    val, train = perm[:n_val], perm[n_val:]
+    return DigitsData(x[train], y[train], x[val], y[val])
+
+
+def digits_model(hidden_size: int) -> nn.Module:
+    """A two-layer MLP for 64 pixels -> 10 classes."""
+    return nn.Sequential(nn.Linear(64, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 10))
+
+
+def _check_config(config: dict[str, Any]) -> dict[str, Any]:
+    merged = {**DEFAULTS, **config}
+    for key in ("lr", "momentum", "weight_decay"):
+        value = merged[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"digits config {key}={value!r}: must be a number >= 0")
+    for key in ("hidden_size", "batch_size"):
+        value = merged[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"digits config {key}={value!r}: must be an integer >= 1")
+    steps = merged["steps_per_iteration"]
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ConfigError(f"digits config steps_per_iteration={steps!r}: must be None or an integer >= 1")
+    return merged
+
+
+def build_digits_state(config: dict[str, Any], device: torch.device) -> TrainingState:
+    """Model, SGD optimizer and a resumable batch stream for ``config``."""
+    cfg = _check_config(config)
+    data = load_digits_data()
+    model = digits_model(cfg["hidden_size"]).to(device)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"]
+    )
+    stream = ShuffledBatches(
+        data.x_train.to(device), data.y_train.to(device), batch_size=cfg["batch_size"], seed=cfg["seed"]
+    )
+    state = TrainingState(models={"model": model}, optimizers={"optimizer": optimizer}, data=stream)
+    return state
+
+
+def train_steps(state: TrainingState, steps: int | None) -> float:
+    """Run ``steps`` SGD steps (or the rest of the epoch if None); return the mean loss."""
+    model, optimizer, stream = state.model, state.optimizer, state.data
+    assert isinstance(stream, ShuffledBatches)
+    model.train()
+    losses = []
+    batches = stream.epoch_batches() if steps is None else (stream.next_batch() for _ in range(steps))
+    for xb, yb in batches:
+        # Dropout-free model, but draw from torch's RNG each step so that a
+        # checkpoint without the RNG state cannot resume bit-exactly.
+        noise = torch.randn(xb.shape, device=xb.device) * 0.01
+        loss = nn.functional.cross_entropy(model(xb + noise), yb)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+        state.counters.step += 1
+    state.counters.samples_seen = stream.samples_seen
+    state.counters.epoch = stream.epoch
+    return float(torch.stack(losses).mean())
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, device: torch.device) -> dict[str, float]:
+    """Validation loss and accuracy."""
+    data = load_digits_data()
+    model.eval()
+    logits = model(data.x_val.to(device))
+    y = data.y_val.to(device)
+    return {
+        "loss": float(nn.functional.cross_entropy(logits, y)),
+        "accuracy": float((logits.argmax(dim=1) == y).float().mean()),
+    }

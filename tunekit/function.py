@@ -1,0 +1,257 @@
+"""Checkpoint-complete function trainables.
+
+Ray Tune refuses ``CheckpointConfig(checkpoint_frequency=..., checkpoint_at_end=...)``
+for function trainables, and a callback's ``should_checkpoint`` does nothing
+for them: the driver asks the worker to save, and the worker has nothing to
+save. tunekit closes the gap with two pieces:
+
+* :class:`FunctionSession`, used *inside* the training function: it owns the
+  :class:`~tunekit.TrainingState`, restores it from ``tune.get_checkpoint()``
+  and reports metrics (``report(metrics, checkpoint=True)`` checkpoints now);
+* :func:`function_trainable`, which wraps the training function into a
+  trainable that Tune treats like a class trainable. Whenever Tune asks the
+  trial to save (checkpoint frequency, at end, a callback or the trainable
+  setting ``should_checkpoint``, PBT), the wrapper writes the state of the
+  session *at the iteration just reported*. That is safe: Tune's function
+  runner blocks the training thread inside ``tune.report`` until the driver
+  lets it continue, so the state is exactly that of the reported iteration.
+
+Semantics, compared with the class API (:class:`~tunekit.TorchTrainable`):
+
+* ``checkpoint_frequency=N``: checkpoints after iterations N, 2N, ... - same.
+* ``checkpoint_at_end``: after the last iteration - same; like class
+  trainables, it defaults to ``True`` when left unset.
+* ``result["should_checkpoint"] = True`` set by a callback: a checkpoint of
+  that very iteration - same.
+* The training code asks with ``session.report(metrics, checkpoint=True)``:
+  the checkpoint is reported with those metrics - same as a class trainable's
+  ``should_checkpoint`` in its result.
+* Never two checkpoints of one iteration.
+* Without the wrapper (a plain function given to Tune) only checkpoints the
+  training code asks for are taken; Ray refuses frequency and at-end then.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import tempfile
+import threading
+from typing import Any, Callable, Mapping
+
+from ray import tune
+from ray.train._internal.checkpoint_manager import _TrainingResult
+from ray.train._internal.session import get_session
+from ray.tune.result import RESULT_DUPLICATE
+from ray.tune.trainable import FunctionTrainable
+
+from tunekit.errors import ConfigError
+from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
+from tunekit.state import TrainingState
+from tunekit.trial_checkpoint import restore_trial_state, save_trial_state
+
+__all__ = ["FunctionSession", "function_trainable"]
+
+_current = threading.local()
+
+
+class FunctionSession:
+    """Owns a function trainable's training state: restore, report, checkpoint.
+
+    Create it after building the state; it restores from
+    ``tune.get_checkpoint()`` when Tune resumes the trial.
+
+    Example:
+        .. code-block:: python
+
+            def train(config):
+                state = TrainingState(models={"model": model}, optimizers={"opt": opt})
+                session = FunctionSession(state, config=config)
+                while session.iteration < config["iterations"]:
+                    loss = train_one_epoch(state)
+                    session.report({"loss": loss})
+
+    Args:
+        state: The training state to checkpoint.
+        config: The trial's config (records hyperparameters; mutated ones are
+            applied after a PBT exploit).
+        mutable: Hyperparameters that may change in place (default ``lr``,
+            ``momentum``, ``weight_decay``, ``batch_size``).
+        apply: How to apply changed hyperparameters (default handles those four).
+        name: Name recorded in the checkpoint metadata.
+    """
+
+    def __init__(
+        self,
+        state: TrainingState,
+        *,
+        config: Mapping[str, Any] | None = None,
+        mutable: tuple[str, ...] = DEFAULT_MUTABLE,
+        apply: Callable[[dict[str, Any]], None] | None = None,
+        name: str = "function",
+    ) -> None:
+        if not isinstance(state, TrainingState):
+            raise ConfigError(
+                f"FunctionSession(state={type(state).__name__}): expected a tunekit.TrainingState"
+            )
+        self.state = state
+        self.config = dict(config or {})
+        self.mutable = tuple(mutable)
+        self._apply = apply or self._default_apply
+        self.name = name
+        self.restored_from: str | None = None
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is not None:
+            with checkpoint.as_directory() as directory:
+                restore_trial_state(
+                    directory, state, config=self.config, mutable=self.mutable, apply=self._apply
+                )
+            self.restored_from = checkpoint.path
+        adapter = getattr(_current, "adapter", None)
+        if adapter is not None:
+            adapter._tunekit_saver = self.save
+
+    def _default_apply(self, changed: dict[str, Any]) -> None:
+        unhandled = apply_hyperparameters(self.state, changed)
+        if unhandled:
+            raise ConfigError(
+                f"FunctionSession: hyperparameters {unhandled} are declared mutable "
+                "but no apply= function handles them"
+            )
+
+    @property
+    def iteration(self) -> int:
+        """Iterations reported so far, restored ones included."""
+        return self.state.counters.iteration
+
+    def save(self, directory: str) -> None:
+        """Write a tunekit checkpoint of the current state into ``directory``."""
+        save_trial_state(
+            directory, self.state, config=self.config, mutable=self.mutable, trainable=self.name
+        )
+
+    def report(self, metrics: dict[str, Any], *, checkpoint: bool = False) -> None:
+        """Count one iteration and report ``metrics`` to Tune.
+
+        Args:
+            metrics: The iteration's metrics.
+            checkpoint: Write a checkpoint of this iteration and report it.
+        """
+        self.state.counters.iteration += 1
+        if not checkpoint:
+            tune.report(metrics)
+            return
+        directory = tempfile.mkdtemp(prefix="tunekit-ckpt-")
+        try:
+            self.save(directory)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+class _CheckpointingFunctionTrainable(tune.Trainable):
+    """Runs a training function like Ray's FunctionTrainable, but can save on request.
+
+    Deliberately *not* a subclass of ``FunctionTrainable``: Tune then accepts
+    ``checkpoint_frequency``/``checkpoint_at_end`` and asks it to save, and
+    ``save`` writes the state of the function's :class:`FunctionSession`.
+    """
+
+    _train_fn: Callable[[dict[str, Any]], Any]
+
+    # Ray's function runner machinery, reused as is.
+    setup = FunctionTrainable.setup
+    step = FunctionTrainable.step
+    execute = FunctionTrainable.execute
+    cleanup = FunctionTrainable.cleanup
+    _report_thread_runner_error = FunctionTrainable._report_thread_runner_error
+
+    _tunekit_saver: Callable[[str], None] | None = None
+    _tunekit_saved: tuple[int, Any] | None = None
+
+    def _trainable_func(self, config: dict[str, Any]) -> Any:
+        _current.adapter = self
+        try:
+            output = type(self)._train_fn(config)
+        finally:
+            _current.adapter = None
+        if isinstance(output, dict) and output:
+            get_session().report(output)
+        get_session().report({RESULT_DUPLICATE: True})
+        return output
+
+    def save(self, checkpoint_dir: str | None = None) -> _TrainingResult:
+        metrics = dict(self._last_result or {})
+        if self._tunekit_saved is not None and self._tunekit_saved[0] == self.iteration:
+            return self._tunekit_saved[1]
+        reported = self._last_training_result
+        if reported is not None and reported.checkpoint is not None:
+            reported.metrics.update(metrics)
+            result = reported
+        elif self._tunekit_saver is not None:
+            directory = checkpoint_dir or tempfile.mkdtemp(prefix="tunekit-ckpt-")
+            try:
+                self._tunekit_saver(directory)
+                result = self._report_class_trainable_checkpoint(directory, directory)
+            finally:
+                if not checkpoint_dir and self._storage:
+                    shutil.rmtree(directory, ignore_errors=True)
+        else:
+            return _TrainingResult(checkpoint=None, metrics=metrics)
+        self._tunekit_saved = (self.iteration, result)
+        return result
+
+    def restore(self, checkpoint_path: Any) -> None:
+        if isinstance(checkpoint_path, str):
+            checkpoint_path = tune.Checkpoint.from_directory(checkpoint_path)
+        if isinstance(checkpoint_path, tune.Checkpoint):
+            checkpoint_path = _TrainingResult(checkpoint=checkpoint_path, metrics={})
+        metrics = checkpoint_path.metrics
+        self._iteration = metrics.get("training_iteration", 0)
+        self._time_total = metrics.get("time_total_s", 0)
+        self._time_since_restore = 0.0
+        self._iterations_since_restore = 0
+        self._tunekit_saved = None
+        get_session().loaded_checkpoint = checkpoint_path.checkpoint
+        self._restored = True
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        self._tunekit_saver = None
+        self._tunekit_saved = None
+        return FunctionTrainable.reset_config(self, new_config)
+
+
+def function_trainable(
+    train_fn: Callable[[dict[str, Any]], Any], *, name: str | None = None
+) -> type[tune.Trainable]:
+    """Wrap a training function that uses :class:`FunctionSession` into a trainable.
+
+    The result goes to ``tune.Tuner`` like any trainable and honours
+    ``CheckpointConfig(checkpoint_frequency=..., checkpoint_at_end=...)``,
+    ``should_checkpoint`` from callbacks, and PBT saves.
+
+    Args:
+        train_fn: ``train_fn(config)``, reporting through a FunctionSession.
+        name: The trainable's name (default: the function's name).
+
+    Raises:
+        TypeError: ``train_fn`` is not a function of exactly one argument.
+    """
+    if not callable(train_fn):
+        raise TypeError(f"function_trainable({train_fn!r}): expected a function")
+    params = list(inspect.signature(train_fn).parameters.values())
+    if len(params) != 1 or params[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        raise TypeError(
+            f"function_trainable({getattr(train_fn, '__name__', train_fn)}): the function "
+            "must take exactly one argument, config"
+        )
+    label = name or getattr(train_fn, "__name__", "function")
+    cls = type(
+        label,
+        (_CheckpointingFunctionTrainable,),
+        {"_train_fn": staticmethod(train_fn), "_name": label, "__module__": __name__},
+    )
+    return cls

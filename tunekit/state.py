@@ -1,0 +1,146 @@
+"""Everything a trial carries so that a restored run continues bit-exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from tunekit.errors import CheckpointError, ConfigError
+from tunekit.rng import capture_rng, restore_rng
+
+__all__ = ["Counters", "Stateful", "TrainingState", "to_cpu"]
+
+FORMAT = "tunekit-state/1"
+
+
+class Stateful(Protocol):
+    """Anything with ``state_dict()``/``load_state_dict()`` (torch convention)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> Any: ...
+
+
+@dataclass
+class Counters:
+    """Progress counters: reported iterations, epochs, optimizer steps, samples."""
+
+    iteration: int = 0
+    epoch: int = 0
+    step: int = 0
+    samples_seen: int = 0
+
+
+def to_cpu(obj: Any) -> Any:
+    """Copy every tensor in a nested structure to the CPU (device-independent)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_cpu(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(to_cpu(v) for v in obj)
+    return obj
+
+
+@dataclass
+class TrainingState:
+    """The complete state of one training run.
+
+    Holds named models, optimizers, LR schedulers, an optional AMP grad scaler,
+    a resumable data stream, counters and JSON-like user extras. RNG streams
+    (Python, NumPy, torch CPU and CUDA) are captured by :meth:`state_dict` and
+    restored by :meth:`load_state_dict`.
+
+    Example:
+        >>> model = torch.nn.Linear(2, 1)
+        >>> state = TrainingState(models={"model": model})
+        >>> sd = state.state_dict()
+        >>> state.load_state_dict(sd)
+    """
+
+    models: dict[str, torch.nn.Module]
+    optimizers: dict[str, torch.optim.Optimizer] = field(default_factory=dict)
+    schedulers: dict[str, Any] = field(default_factory=dict)
+    scaler: Any | None = None
+    data: Stateful | None = None
+    counters: Counters = field(default_factory=Counters)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.models, dict) or not self.models:
+            raise ConfigError(
+                "TrainingState(models=...): must be a non-empty dict of name -> "
+                "torch.nn.Module"
+            )
+        for group, kind in (
+            ("models", torch.nn.Module),
+            ("optimizers", torch.optim.Optimizer),
+        ):
+            for name, obj in getattr(self, group).items():
+                if not isinstance(obj, kind):
+                    raise ConfigError(
+                        f"TrainingState({group}[{name!r}]): expected a "
+                        f"{kind.__module__}.{kind.__qualname__}, got {type(obj).__name__}"
+                    )
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The first (usually only) model."""
+        return next(iter(self.models.values()))
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The first (usually only) optimizer."""
+        if not self.optimizers:
+            raise ConfigError("TrainingState.optimizer: this state has no optimizer")
+        return next(iter(self.optimizers.values()))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the whole state with every tensor on the CPU."""
+        return to_cpu(
+            {
+                "format": FORMAT,
+                "models": {k: m.state_dict() for k, m in self.models.items()},
+                "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
+                "schedulers": {k: s.state_dict() for k, s in self.schedulers.items()},
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "data": self.data.state_dict() if self.data is not None else None,
+                "counters": dataclasses.asdict(self.counters),
+                "extras": dict(self.extras),
+                "rng": capture_rng(),
+            }
+        )
+
+    def load_state_dict(self, state: dict[str, Any], *, restore_rngs: bool = True) -> None:
+        """Restore a state produced by :meth:`state_dict` (any device to any)."""
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise CheckpointError(
+                f"TrainingState.load_state_dict(): not a {FORMAT} state "
+                f"(format={state.get('format') if isinstance(state, dict) else None!r})"
+            )
+        for group in ("models", "optimizers", "schedulers"):
+            mine, theirs = set(getattr(self, group)), set(state[group])
+            if mine != theirs:
+                raise CheckpointError(
+                    f"TrainingState.load_state_dict(): checkpoint has {group} "
+                    f"{sorted(theirs)}, this run has {sorted(mine)}"
+                )
+        for name, model in self.models.items():
+            model.load_state_dict(state["models"][name])
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(state["optimizers"][name])
+        for name, sched in self.schedulers.items():
+            sched.load_state_dict(state["schedulers"][name])
+        if self.scaler is not None and state["scaler"] is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        if self.data is not None and state["data"] is not None:
+            self.data.load_state_dict(state["data"])
+        self.counters = Counters(**state["counters"])
+        self.extras = dict(state["extras"])
+        if restore_rngs:
+            restore_rng(state["rng"])

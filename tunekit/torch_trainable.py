@@ -1,0 +1,148 @@
+"""``TorchTrainable``: a Ray Tune class trainable whose checkpoints are complete."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any, ClassVar
+
+import torch
+from ray import tune
+
+from tunekit.device import release_memory, trial_device
+from tunekit.errors import ConfigError
+from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
+from tunekit.rng import seed_everything
+from tunekit.state import TrainingState
+from tunekit.trial_checkpoint import restore_trial_state, save_trial_state
+
+__all__ = ["TorchTrainable"]
+
+
+class TorchTrainable(tune.Trainable):
+    """Base class for PyTorch class trainables with bit-exact checkpoints.
+
+    Subclasses implement two methods:
+
+    * :meth:`build` returns a :class:`~tunekit.TrainingState` (models,
+      optimizers, schedulers, scaler, data stream) built on ``self.device``;
+    * :meth:`train_iteration` runs one iteration on ``self.state`` and returns
+      its metrics.
+
+    The base class seeds every RNG from ``config["seed"]`` (default 0), places
+    the work on the GPU Ray assigned to the trial (else the CPU), saves and
+    loads the *whole* state (see :mod:`tunekit.checkpoint`), applies mutated
+    hyperparameters on PBT exploits, rebuilds everything on ``reset_config`` so
+    ``reuse_actors=True`` is safe, and frees GPU memory in ``cleanup``.
+
+    Hyperparameters in :data:`~tunekit.hparams.DEFAULT_MUTABLE` (``lr``,
+    ``momentum``, ``weight_decay``, ``batch_size``) plus those listed in
+    ``mutable_hyperparameters`` may change during a trial; override
+    :meth:`apply_hyperparameters` for the extra ones.
+
+    One :meth:`save` per iteration: when Ray asks again for the same iteration
+    (say a ``checkpoint_frequency`` hit and a PBT save), the checkpoint already
+    written is returned, never a second one.
+    """
+
+    mutable_hyperparameters: ClassVar[tuple[str, ...]] = ()
+
+    state: TrainingState
+    device: torch.device
+
+    # -- to implement -------------------------------------------------------
+    @abstractmethod
+    def build(self, config: dict[str, Any]) -> TrainingState:
+        """Build models, optimizers and data for ``config`` on ``self.device``."""
+
+    @abstractmethod
+    def train_iteration(self) -> dict[str, Any]:
+        """Run one training iteration on ``self.state``; return its metrics."""
+
+    # -- may override -------------------------------------------------------
+    @classmethod
+    def mutable(cls) -> tuple[str, ...]:
+        """All hyperparameters this trainable can change in place."""
+        extra = tuple(k for k in cls.mutable_hyperparameters if k not in DEFAULT_MUTABLE)
+        return DEFAULT_MUTABLE + extra
+
+    def apply_hyperparameters(self, changed: dict[str, Any]) -> None:
+        """Apply mutated hyperparameters to the live state (PBT exploit)."""
+        unhandled = apply_hyperparameters(self.state, changed)
+        if unhandled:
+            raise ConfigError(
+                f"{type(self).__name__}: hyperparameters {unhandled} are declared "
+                "mutable but apply_hyperparameters() does not handle them"
+            )
+
+    # -- Ray Trainable API --------------------------------------------------
+    def setup(self, config: dict[str, Any]) -> None:
+        self.device = trial_device()
+        self._init_state(config)
+
+    def _init_state(self, config: dict[str, Any]) -> None:
+        seed = config.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"{type(self).__name__}(config['seed']={seed!r}): must be an int")
+        seed_everything(seed)
+        state = self.build(config)
+        if not isinstance(state, TrainingState):
+            raise ConfigError(
+                f"{type(self).__name__}.build() must return a tunekit.TrainingState, "
+                f"got {type(state).__name__}"
+            )
+        self.state = state
+        self._saved: tuple[int, Any] | None = None
+
+    def step(self) -> dict[str, Any]:
+        metrics = self.train_iteration()
+        if not isinstance(metrics, dict):
+            raise TypeError(
+                f"{type(self).__name__}.train_iteration() must return a dict, "
+                f"got {type(metrics).__name__}"
+            )
+        self.state.counters.iteration += 1
+        return metrics
+
+    def save(self, checkpoint_dir: str | None = None) -> Any:
+        if self._saved is not None and self._saved[0] == self.iteration and not checkpoint_dir:
+            return self._saved[1]
+        result = super().save(checkpoint_dir)
+        self._saved = (self.iteration, result)
+        return result
+
+    def save_checkpoint(self, checkpoint_dir: str) -> str:
+        save_trial_state(
+            checkpoint_dir,
+            self.state,
+            config=self.config,
+            mutable=self.mutable(),
+            trainable=f"{type(self).__module__}:{type(self).__qualname__}",
+        )
+        return checkpoint_dir
+
+    def load_checkpoint(self, checkpoint: Any) -> None:
+        if not isinstance(checkpoint, str):
+            raise ConfigError(
+                f"{type(self).__name__}.load_checkpoint(): expected a checkpoint "
+                f"directory, got {type(checkpoint).__name__}"
+            )
+        restore_trial_state(
+            checkpoint,
+            self.state,
+            config=self.config,
+            mutable=self.mutable(),
+            apply=self.apply_hyperparameters,
+        )
+        self._saved = None
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        # Nothing of the previous trial may survive: rebuild from the new config.
+        del self.state
+        release_memory()
+        self._init_state(new_config)
+        return True
+
+    def cleanup(self) -> None:
+        self.__dict__.pop("state", None)
+        release_memory()
+
