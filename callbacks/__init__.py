@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from callbacks.progress import ProgressPrinter
 from callbacks.steps import CheckpointByStepsTaken
 
-__all__ = ["CheckpointByStepsTaken"]
+__all__ = ["CheckpointByStepsTaken", "ProgressPrinter"]

@@ -1,0 +1,59 @@
+"""A compact progress printer for long sweeps."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from ray import tune
+from ray.tune.experiment import Trial
+
+__all__ = ["ProgressPrinter"]
+
+
+class ProgressPrinter(tune.Callback):
+    """Print one status line at most every ``interval_s`` seconds, and each trial's end."""
+
+    def __init__(self, metric: str, *, interval_s: float = 5.0, stream: TextIO | None = None) -> None:
+        if not isinstance(metric, str) or not metric:
+            raise ValueError(f"ProgressPrinter(metric={metric!r}): must be a non-empty string")
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or interval_s < 0:
+            raise ValueError(f"ProgressPrinter(interval_s={interval_s!r}): must be a number >= 0")
+        self.metric = metric
+        self.interval_s = float(interval_s)
+        self.stream = stream
+        self._start = time.monotonic()
+        self._last_print = float("-inf")
+        self._latest: dict[str, dict[str, Any]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles callbacks into the experiment state; a stream is not state.
+        return {**self.__dict__, "stream": None}
+
+    def _print(self, line: str) -> None:
+        print(f"[{time.monotonic() - self._start:6.1f}s] {line}", file=self.stream or sys.stdout, flush=True)
+
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
+        self._latest[trial.trial_id] = result
+        now = time.monotonic()
+        if now - self._last_print < self.interval_s:
+            return
+        self._last_print = now
+        values = [r.get(self.metric) for r in self._latest.values() if isinstance(r.get(self.metric), (int, float))]
+        best = f"best {self.metric}={max(values):.4f}" if values else f"no {self.metric} yet"
+        states: dict[str, int] = {}
+        for t in trials:
+            states[t.status] = states.get(t.status, 0) + 1
+        counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(states.items()))
+        iters = sum(int(r.get("training_iteration", 0)) for r in self._latest.values())
+        self._print(f"{len(trials)} trials ({counts}); {iters} iterations; {best}")
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        result = trial.last_result or {}
+        value = result.get(self.metric)
+        shown = f"{value:.4f}" if isinstance(value, (int, float)) else "n/a"
+        self._print(f"trial {trial.trial_id} done after {result.get('training_iteration', 0)} iterations, {self.metric}={shown}")
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self._print(f"trial {trial.trial_id} failed: {trial.error_file or 'see its error.txt'}")

@@ -1,0 +1,188 @@
+"""``tunekit quickstart``: a real PBT sweep of DigitsTrainable on a local Ray."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from tunekit.errors import ConfigError
+
+__all__ = ["DEFAULT_STORAGE", "QuickstartSummary", "run_quickstart"]
+
+#: Where results go unless ``--storage-path`` says otherwise.
+DEFAULT_STORAGE = Path("~/tunekit_results").expanduser()
+
+METRIC = "accuracy"
+
+
+@dataclass
+class QuickstartSummary:
+    """What the quickstart prints at its end, for programs and tests."""
+
+    experiment_path: str
+    rows: list[dict[str, Any]]
+    best_trial_id: str
+    best_accuracy: float
+    best_checkpoint: str
+    wall_s: float
+
+
+def _format_table(rows: list[dict[str, Any]]) -> str:
+    headers = ["trial", "lr", "momentum", "accuracy", "iterations", "state"]
+    cells = [
+        [
+            r["trial"],
+            f"{r['lr']:.4g}",
+            f"{r['momentum']:.4g}",
+            f"{r['accuracy']:.4f}" if r["accuracy"] is not None else "n/a",
+            str(r["iterations"]),
+            r["state"],
+        ]
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(out)
+
+
+def run_quickstart(
+    *,
+    num_samples: int = 4,
+    max_iterations: int = 12,
+    storage_path: str | os.PathLike[str] | None = None,
+    name: str | None = None,
+    cpus: int | None = None,
+    gpus_per_trial: float = 0.0,
+    stream: TextIO | None = None,
+) -> QuickstartSummary:
+    """Run a PBT sweep of :class:`trainables.DigitsTrainable` and print a summary.
+
+    Starts a local Ray (``cpus`` CPUs, dashboard off) unless one is running.
+    """
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    from callbacks import ProgressPrinter
+    from trainables.class_api import DigitsTrainable
+
+    out = stream or sys.stdout
+    for label, value, low in (("num_samples", num_samples, 1), ("max_iterations", max_iterations, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"quickstart({label}={value!r}): must be an integer >= {low}")
+    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1):
+        raise ConfigError(f"quickstart(cpus={cpus!r}): must be an integer >= 1")
+    if isinstance(gpus_per_trial, bool) or not isinstance(gpus_per_trial, (int, float)) or gpus_per_trial < 0:
+        raise ConfigError(f"quickstart(gpus_per_trial={gpus_per_trial!r}): must be a number >= 0")
+
+    storage = Path(storage_path).expanduser().resolve() if storage_path else DEFAULT_STORAGE
+    if storage.exists() and not storage.is_dir():
+        raise ConfigError(f"quickstart(storage_path={str(storage)!r}): exists and is not a directory")
+    name = name or time.strftime("quickstart_%Y-%m-%d_%H-%M-%S")
+    if "/" in name or name in ("", ".", ".."):
+        raise ConfigError(f"quickstart(name={name!r}): must be a plain directory name")
+    if (storage / name).exists():
+        raise ConfigError(
+            f"quickstart(name={name!r}): {storage / name} already exists; pick another "
+            "--name (or `tunekit resume` it)"
+        )
+    storage.mkdir(parents=True, exist_ok=True)
+
+    started_ray = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        started_ray = True
+    try:
+        available_gpus = ray.cluster_resources().get("GPU", 0)
+        if gpus_per_trial > 0 and available_gpus < gpus_per_trial:
+            raise ConfigError(
+                f"quickstart(gpus_per_trial={gpus_per_trial}): the Ray cluster has "
+                f"{available_gpus:g} GPUs"
+            )
+        print(f"tunekit quickstart: {num_samples} trials x {max_iterations} iterations, PBT over lr and momentum", file=out)
+        print(f"results go to {storage / name}", file=out, flush=True)
+
+        interval = max(1, max_iterations // 4)
+        pbt = PopulationBasedTraining(
+            time_attr="training_iteration",
+            perturbation_interval=interval,
+            hyperparam_mutations={
+                "lr": tune.loguniform(1e-3, 0.5),
+                "momentum": [0.0, 0.5, 0.8, 0.9, 0.95],
+            },
+            quantile_fraction=0.25,
+        )
+        trainable = tune.with_resources(DigitsTrainable, {"cpu": 1, "gpu": gpus_per_trial})
+        tuner = tune.Tuner(
+            trainable,
+            param_space={
+                "lr": tune.loguniform(1e-3, 0.5),
+                "momentum": tune.choice([0.0, 0.5, 0.9]),
+                "hidden_size": 64,
+                "batch_size": 64,
+                "seed": tune.randint(0, 10_000),
+            },
+            tune_config=tune.TuneConfig(
+                metric=METRIC, mode="max", scheduler=pbt, num_samples=num_samples, reuse_actors=True
+            ),
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=str(storage),
+                stop={"training_iteration": max_iterations},
+                checkpoint_config=tune.CheckpointConfig(
+                    checkpoint_frequency=interval,
+                    checkpoint_at_end=True,
+                    num_to_keep=2,
+                    checkpoint_score_attribute=METRIC,
+                    checkpoint_score_order="max",
+                ),
+                callbacks=[ProgressPrinter(METRIC, stream=out)],
+                verbose=0,
+            ),
+        )
+        t0 = time.monotonic()
+        grid = tuner.fit()
+        wall = time.monotonic() - t0
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+    rows = []
+    for result in grid:
+        metrics = result.metrics or {}
+        rows.append(
+            {
+                "trial": str(metrics.get("trial_id", "?")),
+                "lr": float(result.config.get("lr", float("nan"))),
+                "momentum": float(result.config.get("momentum", float("nan"))),
+                "accuracy": metrics.get(METRIC),
+                "iterations": int(metrics.get("training_iteration", 0)),
+                "state": "ERROR" if result.error else "TERMINATED",
+            }
+        )
+    best = grid.get_best_result(metric=METRIC, mode="max", scope="all")
+    kept = [(c, m) for c, m in (best.best_checkpoints or []) if isinstance(m.get(METRIC), (int, float))]
+    if not kept:
+        raise RuntimeError(f"quickstart: best trial {best.path} has no checkpoint with {METRIC!r}")
+    best_ckpt, best_metrics = max(kept, key=lambda pair: pair[1][METRIC])
+    summary = QuickstartSummary(
+        experiment_path=str(storage / name),
+        rows=rows,
+        best_trial_id=str(best.metrics.get("trial_id")),
+        best_accuracy=float(best_metrics[METRIC]),
+        best_checkpoint=best_ckpt.path,
+        wall_s=wall,
+    )
+    print("", file=out)
+    print(_format_table(rows), file=out)
+    print("", file=out)
+    print(f"best trial: {summary.best_trial_id} (accuracy {summary.best_accuracy:.4f})", file=out)
+    print(f"best checkpoint: {summary.best_checkpoint}", file=out)
+    print(f"finished in {wall:.1f}s; experiment at {summary.experiment_path}", file=out, flush=True)
+    return summary
