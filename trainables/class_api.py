@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from ray.tune.result import SHOULD_CHECKPOINT
 
 from tunekit import TorchTrainable, TrainingState, load_model, read_metadata
 from trainables.digits import DEFAULTS, build_digits_state, digits_model, evaluate, train_steps
@@ -16,7 +17,9 @@ class DigitsTrainable(TorchTrainable):
     """An MLP on scikit-learn's digits; one iteration is one epoch by default.
 
     Config: ``lr``, ``momentum``, ``weight_decay``, ``hidden_size``,
-    ``batch_size``, ``seed``, ``steps_per_iteration`` (None = one epoch).
+    ``batch_size``, ``seed``, ``steps_per_iteration`` (None = one epoch),
+    ``checkpoint_every`` (optional: the trainable sets ``should_checkpoint``
+    every N iterations).
     Reports ``loss`` and ``accuracy`` on the validation split and
     ``train_loss``.
     """
@@ -27,7 +30,11 @@ class DigitsTrainable(TorchTrainable):
     def train_iteration(self) -> dict[str, Any]:
         steps = self.config.get("steps_per_iteration", DEFAULTS["steps_per_iteration"])
         train_loss = train_steps(self.state, steps)
-        return {"train_loss": train_loss, **evaluate(self.state.model, self.device)}
+        metrics = {"train_loss": train_loss, **evaluate(self.state.model, self.device)}
+        every = self.config.get("checkpoint_every")
+        if every and (self.state.counters.iteration + 1) % every == 0:
+            metrics[SHOULD_CHECKPOINT] = True  # the trainable asks for a checkpoint
+        return metrics
 
     @staticmethod
     def load_model(checkpoint_dir: str, *, map_location: str | torch.device = "cpu") -> torch.nn.Module:

@@ -1,0 +1,70 @@
+"""Helpers of the trainable contract suite: run trainables in real Ray actors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from tunekit import read_state
+
+
+def make_actor(cls: type, config: dict[str, Any], storage: Path, trial: str):
+    """A trainable in its own Ray actor (its own worker process), with Tune storage."""
+    from ray.train._internal.storage import StorageContext
+
+    context = StorageContext(storage_path=str(storage), experiment_dir_name="exp", trial_dir_name=trial)
+    return ray.remote(num_cpus=1)(cls).remote(config=config, storage=context)
+
+
+def run_actor(cls, config, storage, trial, iterations, restore_from=None):
+    """Train ``iterations`` iterations (after restoring), save, kill the actor."""
+    actor = make_actor(cls, config, storage, trial)
+    try:
+        if restore_from is not None:
+            ray.get(actor.restore.remote(restore_from))
+        results = [ray.get(actor.train.remote()) for _ in range(iterations)]
+        saved = ray.get(actor.save.remote())
+    finally:
+        ray.kill(actor)
+    return results, saved
+
+
+def tensors_equal(a: Any, b: Any, where: str = "") -> list[str]:
+    """Paths at which two nested state structures differ (empty list: bit-exact)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        ok = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+        return [] if ok else [where]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return [f"{where}: keys {sorted(map(str, a))} != {sorted(map(str, b))}"]
+        return [p for k in a for p in tensors_equal(a[k], b[k], f"{where}/{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{where}: length {len(a)} != {len(b)}"]
+        return [p for i, (x, y) in enumerate(zip(a, b)) for p in tensors_equal(x, y, f"{where}[{i}]")]
+    return [] if a == b else [f"{where}: {a!r} != {b!r}"]
+
+
+def weights_digest(models_state: dict[str, Any]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(models_state):
+        for key, tensor in models_state[name].items():
+            digest.update(key.encode())
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def checkpoint_iterations(trial_dir: Path) -> list[int]:
+    """Iterations of the tunekit checkpoints on disk in a trial directory."""
+    return sorted(
+        json.loads((d / "tunekit.json").read_text())["iteration"] for d in trial_dir.glob("checkpoint_*")
+    )
+
+
+def final_state(path: str) -> dict[str, Any]:
+    return read_state(path)

@@ -1,0 +1,118 @@
+"""The checkpoint-complete contract, written once, run against both reference trainables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import ray
+from ray import tune
+
+from callbacks import CheckpointByStepsTaken
+from trainables import DigitsTrainable, TrainDigits
+from tunekit import read_state
+from tests.trainables.contract import checkpoint_iterations, run_actor, tensors_equal, weights_digest
+
+CONFIG = {"lr": 0.05, "momentum": 0.9, "hidden_size": 16, "batch_size": 32, "seed": 7, "steps_per_iteration": 7}
+
+
+@pytest.fixture(params=["class", "function"])
+def trainable(request):
+    return {"class": DigitsTrainable, "function": TrainDigits}[request.param]
+
+
+def _fit(trainable, storage, name, *, stop, config=None, callbacks=(), max_failures=0, **ckpt):
+    tuner = tune.Tuner(
+        trainable,
+        param_space=dict(config or CONFIG),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=str(storage),
+            stop={"training_iteration": stop},
+            checkpoint_config=tune.CheckpointConfig(**ckpt),
+            failure_config=tune.FailureConfig(max_failures=max_failures),
+            callbacks=list(callbacks),
+            verbose=0,
+        ),
+    )
+    grid = tuner.fit()
+    assert not grid.errors, grid.errors
+    return grid
+
+
+def test_resume_in_fresh_process_is_bit_exact(ray_session, trainable, storage):
+    full_results, full = run_actor(trainable, CONFIG, storage, "full", 6)
+    first_results, half = run_actor(trainable, CONFIG, storage, "first", 3)
+    second_results, resumed = run_actor(trainable, CONFIG, storage, "second", 3, restore_from=half)
+
+    a, b = read_state(full.checkpoint.path), read_state(resumed.checkpoint.path)
+    assert tensors_equal(a["models"], b["models"]) == []
+    assert tensors_equal(a["optimizers"], b["optimizers"]) == []
+    assert tensors_equal(a["data"], b["data"]) == []
+    assert tensors_equal(a["rng"], b["rng"]) == []
+    assert a["counters"] == b["counters"] and a["counters"]["iteration"] == 6
+    for key in ("loss", "accuracy", "train_loss"):
+        assert [r[key] for r in full_results] == [r[key] for r in first_results + second_results]
+    assert [r["training_iteration"] for r in second_results] == [4, 5, 6]
+
+
+class KillActorOnce(tune.Callback):
+    """Kill the trial's worker (ray.kill of its actor) when it reports iteration ``at``."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.killed = False
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if not self.killed and result["training_iteration"] == self.at:
+            self.killed = True
+            ray.kill(trial.temporary_state.ray_actor)
+
+
+def test_killed_worker_finishes_with_same_weights(ray_session, trainable, storage):
+    kwargs = dict(stop=8, checkpoint_frequency=2, checkpoint_at_end=True)
+    plain = _fit(trainable, storage, "plain", **kwargs)[0]
+    killed = _fit(trainable, storage, "killed", callbacks=[KillActorOnce(5)], max_failures=2, **kwargs)[0]
+
+    df = killed.metrics_dataframe
+    assert df["pid"].nunique() == 2, "the trial was not restarted in a new worker"
+    assert sorted(df["training_iteration"]) == [1, 2, 3, 4, 5, 5, 6, 7, 8]  # 5 re-run from checkpoint 4
+    a, b = read_state(plain.checkpoint.path), read_state(killed.checkpoint.path)
+    assert a["counters"]["iteration"] == b["counters"]["iteration"] == 8
+    assert tensors_equal(a["models"], b["models"]) == []
+    assert tensors_equal(a["optimizers"], b["optimizers"]) == []
+    assert killed.metrics["accuracy"] == plain.metrics["accuracy"]
+
+
+@pytest.mark.parametrize(
+    "config_extra, stop, ckpt, callbacks, expected",
+    [
+        ({}, 7, dict(checkpoint_frequency=3, checkpoint_at_end=True), [], [3, 6, 7]),
+        ({}, 6, dict(checkpoint_frequency=3, checkpoint_at_end=True), [], [3, 6]),  # one per iteration
+        ({}, 9, dict(checkpoint_at_end=False), [4], [4, 8]),
+        ({"checkpoint_every": 4}, 9, dict(checkpoint_frequency=3, checkpoint_at_end=True), [], [3, 4, 6, 8, 9]),
+        ({"checkpoint_every": 5}, 10, dict(checkpoint_frequency=5, checkpoint_at_end=True), [2], [2, 4, 5, 6, 8, 10]),
+    ],
+    ids=["frequency+at_end", "at_end-on-frequency", "callback", "trainable+frequency", "all-overlapping"],
+)
+def test_checkpoint_semantics(ray_session, trainable, storage, config_extra, stop, ckpt, callbacks, expected):
+    config = {**CONFIG, "steps_per_iteration": 2, **config_extra}
+    cbs = [CheckpointByStepsTaken(n) for n in callbacks]
+    result = _fit(trainable, storage, "sem", stop=stop, config=config, callbacks=cbs, **ckpt)[0]
+    assert checkpoint_iterations(Path(result.path)) == expected
+
+
+def test_plain_function_checkpoints_on_request_and_resumes(ray_session, storage):
+    from trainables import train_digits
+
+    config = {**CONFIG, "checkpoint_every": 2, "max_iterations": 4}
+    grid = tune.Tuner(
+        train_digits,
+        param_space=config,
+        run_config=tune.RunConfig(name="plainfn", storage_path=str(storage), verbose=0),
+    ).fit()
+    result = grid[0]
+    assert result.error is None
+    assert checkpoint_iterations(Path(result.path)) == [2, 4]
+    assert result.metrics["training_iteration"] == 4
