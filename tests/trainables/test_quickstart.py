@@ -33,7 +33,7 @@ def test_quickstart_runs_and_prints_table(ray_session, storage, capsys):
     with torch.no_grad():
         acc = (model(data.x_val).argmax(1) == data.y_val).float().mean().item()
     # The printed accuracy is the checkpoint's own accuracy on the validation split.
-    assert abs(acc - best_acc) < 1e-6
+    assert abs(acc - best_acc) <= 5e-5  # printed with 4 decimals
 
 
 def test_quickstart_refuses_existing_experiment(ray_session, storage, capsys):
