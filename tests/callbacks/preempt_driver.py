@@ -10,7 +10,7 @@ from ray import tune
 from callbacks import CheckpointOnPreemption
 from tests.callbacks.scripted import ScriptedTrainable
 
-STOP = 25
+STOP = 60
 NAME = "preempt"
 
 
@@ -19,7 +19,7 @@ def main(mode: str, storage: str) -> int:
     if mode == "start":
         tuner = tune.Tuner(
             ScriptedTrainable,
-            param_space={"scores": [1.0], "sleep": 0.2, "seed": tune.grid_search([1, 2])},
+            param_space={"scores": [1.0], "sleep": 0.25, "seed": tune.grid_search([1, 2])},
             run_config=tune.RunConfig(
                 name=NAME,
                 storage_path=storage,
