@@ -8,6 +8,8 @@ from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT, TRAINING_ITERATION
 
+ITERATIONS_SINCE_RESTORE = "iterations_since_restore"  # autofilled by Trainable.train
+
 __all__ = ["CheckpointByStepsTaken"]
 
 
@@ -15,9 +17,11 @@ class CheckpointByStepsTaken(tune.Callback):
     """Request a checkpoint when a trial has taken N iterations since its last one.
 
     Counting starts at iteration 0, so with N=5 a trial checkpoints after
-    iterations 5, 10, 15, ... A trial restored from a checkpoint (failure
-    retry, experiment resume, PBT exploit) counts from the iteration it was
-    restored at. State is keyed by trial id and kept across experiment resume.
+    iterations 5, 10, 15, ... A trial restored from a checkpoint at iteration
+    r (failure retry, experiment resume, PBT exploit; recognised by
+    ``iterations_since_restore == 1`` in its first result after) counts from
+    r: it checkpoints after r+N, r+2N, ... State is keyed by trial id and
+    kept across experiment resume (``get_state``/``set_state``).
     """
 
     def __init__(self, iterations_per_checkpoint: int) -> None:
@@ -37,14 +41,14 @@ class CheckpointByStepsTaken(tune.Callback):
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
     ) -> None:
         current = int(result[TRAINING_ITERATION])
+        if result.get(ITERATIONS_SINCE_RESTORE) == 1:
+            # First result after a start or restore (retry, resume, PBT exploit):
+            # count from the iteration the trial was restored at.
+            self._last[trial.trial_id] = current - 1
         last = self._last.get(trial.trial_id, 0)
-        if current < last:  # restored to an earlier iteration
-            last = current - (current % self.steps_per_checkpoint)
         if current - last >= self.steps_per_checkpoint:
             result[SHOULD_CHECKPOINT] = True
             self._last[trial.trial_id] = current
-        else:
-            self._last.setdefault(trial.trial_id, last)
 
     def get_state(self) -> dict[str, Any] | None:
         return {"last": dict(self._last)}

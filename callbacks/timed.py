@@ -11,6 +11,8 @@ from ray.tune.result import SHOULD_CHECKPOINT
 
 from callbacks._checks import positive_number
 
+ITERATIONS_SINCE_RESTORE = "iterations_since_restore"  # autofilled by Trainable.train
+
 __all__ = ["CheckpointByTime"]
 
 
@@ -31,13 +33,12 @@ class CheckpointByTime(tune.Callback):
 
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
         now = self._clock()
+        if result.get(ITERATIONS_SINCE_RESTORE) == 1:  # (re)started: restart its clock
+            self._since.pop(trial.trial_id, None)
         start = self._since.setdefault(trial.trial_id, now)
         if now - start >= self.seconds:
             result[SHOULD_CHECKPOINT] = True
             self._since[trial.trial_id] = now
-
-    def on_trial_restore(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        self._since.pop(trial.trial_id, None)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_since": {}}

@@ -6,12 +6,11 @@ import signal
 from pathlib import Path
 
 import pytest
-import ray
 from ray import tune
 
 from callbacks import CheckpointByStepsTaken, CheckpointByTime, CheckpointOnImprovement, CheckpointOnPreemption
 from tests.callbacks.scripted import ScriptedTrainable, TickClock
-from tests.trainables.contract import checkpoint_iterations
+from tests.trainables.contract import KillActorOnce, checkpoint_iterations
 from trainables import DigitsTrainable, TrainDigits
 
 
@@ -94,16 +93,6 @@ def test_seeds_example_works_with_the_callback(ray_session, storage):
     result = grid[0]
     assert result.error is None
     assert sorted(m["training_iteration"] for _, m in result.best_checkpoints) == [2, 4, 6]
-
-
-class KillActorOnce(tune.Callback):
-    def __init__(self, at):
-        self.at, self.killed = at, False
-
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        if not self.killed and result["training_iteration"] == self.at:
-            self.killed = True
-            ray.kill(trial.temporary_state.ray_actor)
 
 
 @pytest.mark.parametrize("trainable", [DigitsTrainable, TrainDigits], ids=["class", "function"])

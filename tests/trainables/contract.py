@@ -9,6 +9,7 @@ from typing import Any
 
 import ray
 import torch
+from ray import tune
 
 from tunekit import read_state
 
@@ -68,3 +69,16 @@ def checkpoint_iterations(trial_dir: Path) -> list[int]:
 
 def final_state(path: str) -> dict[str, Any]:
     return read_state(path)
+
+
+
+class KillActorOnce(tune.Callback):
+    """Kill the trial's worker (ray.kill of its actor) when it reports iteration ``at``."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.killed = at, False
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if not self.killed and result["training_iteration"] == self.at:
+            self.killed = True
+            ray.kill(trial.temporary_state.ray_actor)

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import ray
 from ray import tune
 
 from callbacks import CheckpointByStepsTaken
 from trainables import DigitsTrainable, TrainDigits
 from tunekit import read_state
-from tests.trainables.contract import checkpoint_iterations, run_actor, tensors_equal, weights_digest
+from tests.trainables.contract import KillActorOnce, checkpoint_iterations, run_actor, tensors_equal
 
 CONFIG = {"lr": 0.05, "momentum": 0.9, "hidden_size": 16, "batch_size": 32, "seed": 7, "steps_per_iteration": 7}
 
@@ -55,19 +53,6 @@ def test_resume_in_fresh_process_is_bit_exact(ray_session, trainable, storage):
     for key in ("loss", "accuracy", "train_loss"):
         assert [r[key] for r in full_results] == [r[key] for r in first_results + second_results]
     assert [r["training_iteration"] for r in second_results] == [4, 5, 6]
-
-
-class KillActorOnce(tune.Callback):
-    """Kill the trial's worker (ray.kill of its actor) when it reports iteration ``at``."""
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-        self.killed = False
-
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        if not self.killed and result["training_iteration"] == self.at:
-            self.killed = True
-            ray.kill(trial.temporary_state.ray_actor)
 
 
 def test_killed_worker_finishes_with_same_weights(ray_session, trainable, storage):

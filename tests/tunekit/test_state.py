@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import pickle
 import random
 
 import numpy as np
