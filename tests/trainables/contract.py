@@ -11,7 +11,6 @@ import ray
 import torch
 from ray import tune
 
-from tunekit import read_state
 
 
 def make_actor(cls: type, config: dict[str, Any], storage: Path, trial: str):
@@ -65,10 +64,6 @@ def checkpoint_iterations(trial_dir: Path) -> list[int]:
     return sorted(
         json.loads((d / "tunekit.json").read_text())["iteration"] for d in trial_dir.glob("checkpoint_*")
     )
-
-
-def final_state(path: str) -> dict[str, Any]:
-    return read_state(path)
 
 
 
