@@ -47,7 +47,7 @@ def test_storage_path_that_is_a_file_is_refused(tmp_path, capsys):
     target.write_text("keep me")
     assert main(["quickstart", "--storage-path", str(target)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "is not a directory" in err and len(err.splitlines()) == 1
+    assert "is a file, expected a directory" in err and len(err.splitlines()) == 1
     assert target.read_text() == "keep me"
 
 

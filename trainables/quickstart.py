@@ -9,12 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+import pyarrow.fs as pafs
+
 from tunekit.errors import ConfigError
+from tunekit.storage import DEFAULT_STORAGE_PATH, probe_storage, resolve_storage
 
 __all__ = ["DEFAULT_STORAGE", "QuickstartSummary", "run_quickstart"]
 
 #: Where results go unless ``--storage-path`` says otherwise.
-DEFAULT_STORAGE = Path("~/tunekit_results").expanduser()
+DEFAULT_STORAGE = Path(DEFAULT_STORAGE_PATH).expanduser()
 
 METRIC = "accuracy"
 
@@ -64,6 +67,9 @@ def run_quickstart(
     """Run a PBT sweep of :class:`trainables.DigitsTrainable` and print a summary.
 
     Starts a local Ray (``cpus`` CPUs, dashboard off) unless one is running.
+    ``storage_path`` is a local path or a URI such as
+    ``s3://bucket/prefix?endpoint_override=http://host:9000``; it is probed
+    (reachable, writable) before anything starts.
     """
     import ray
     from ray import tune
@@ -81,18 +87,17 @@ def run_quickstart(
     if isinstance(gpus_per_trial, bool) or not isinstance(gpus_per_trial, (int, float)) or gpus_per_trial < 0:
         raise ConfigError(f"quickstart(gpus_per_trial={gpus_per_trial!r}): must be a number >= 0")
 
-    storage = Path(storage_path).expanduser().resolve() if storage_path else DEFAULT_STORAGE
-    if storage.exists() and not storage.is_dir():
-        raise ConfigError(f"quickstart(storage_path={str(storage)!r}): exists and is not a directory")
+    storage = resolve_storage(storage_path)
     name = name or time.strftime("quickstart_%Y-%m-%d_%H-%M-%S")
     if "/" in name or name in ("", ".", ".."):
         raise ConfigError(f"quickstart(name={name!r}): must be a plain directory name")
-    if (storage / name).exists():
+    probe_storage(storage)
+    experiment = storage.join(name)
+    if storage.filesystem.get_file_info(experiment.path).type != pafs.FileType.NotFound:
         raise ConfigError(
-            f"quickstart(name={name!r}): {storage / name} already exists; pick another "
+            f"quickstart(name={name!r}): {experiment.uri} already exists; pick another "
             "--name (or `tunekit resume` it)"
         )
-    storage.mkdir(parents=True, exist_ok=True)
 
     started_ray = False
     if not ray.is_initialized():
@@ -106,7 +111,7 @@ def run_quickstart(
                 f"{available_gpus:g} GPUs"
             )
         print(f"tunekit quickstart: {num_samples} trials x {max_iterations} iterations, PBT over lr and momentum", file=out)
-        print(f"results go to {storage / name}", file=out, flush=True)
+        print(f"results go to {experiment.uri}", file=out, flush=True)
 
         interval = max(1, max_iterations // 4)
         pbt = PopulationBasedTraining(
@@ -133,7 +138,7 @@ def run_quickstart(
             ),
             run_config=tune.RunConfig(
                 name=name,
-                storage_path=str(storage),
+                **storage.run_config_kwargs(),
                 stop={"training_iteration": max_iterations},
                 checkpoint_config=tune.CheckpointConfig(
                     checkpoint_frequency=interval,
@@ -172,7 +177,7 @@ def run_quickstart(
         raise RuntimeError(f"quickstart: best trial {best.path} has no checkpoint with {METRIC!r}")
     best_ckpt, best_metrics = max(kept, key=lambda pair: pair[1][METRIC])
     summary = QuickstartSummary(
-        experiment_path=str(storage / name),
+        experiment_path=experiment.uri,
         rows=rows,
         best_trial_id=str(best.metrics.get("trial_id")),
         best_accuracy=float(best_metrics[METRIC]),

@@ -12,8 +12,13 @@ A tunekit checkpoint is a directory holding:
     trial's config (JSON-safe part), torch version, the device it was saved on.
 ``manifest.json``
     Written last, as the commit mark: every other file's name, size and
-    SHA-256. A directory without it is *incomplete*; one whose files differ
-    from it is *corrupt*.
+    SHA-256, plus the SHA-256 of the manifest's own content, in canonical JSON
+    (sorted keys, no spaces), so a change of any byte of any listed file or of
+    the manifest itself is detected. A directory without it is *incomplete*;
+    one whose files differ from it is *corrupt*.
+
+Checkpoints are verified where they are stored: the functions below take a
+local path, a URI, a :class:`tunekit.storage.Storage` or a ``ray.tune.Checkpoint``.
 
 Example:
     >>> import tempfile, torch
@@ -27,25 +32,35 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import pickle
+import posixpath
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal, Union
 
+import pyarrow
+import pyarrow.fs as pafs
 import torch
+from ray import tune
 
-from tunekit.errors import CheckpointError
+from tunekit.errors import CheckpointError, StorageError
+from tunekit.storage import Storage, resolve_storage
 
 __all__ = [
     "MANIFEST_FILE",
     "METADATA_FILE",
     "STATE_FILE",
+    "CheckpointLocation",
     "CheckpointReport",
     "is_tunekit_checkpoint",
     "load_model",
+    "local_checkpoint",
     "read_metadata",
     "read_state",
     "verify_checkpoint",
@@ -55,16 +70,59 @@ __all__ = [
 STATE_FILE = "state.pt"
 METADATA_FILE = "tunekit.json"
 MANIFEST_FILE = "manifest.json"
-MANIFEST_FORMAT = "tunekit-manifest/1"
+MANIFEST_FORMAT = "tunekit-manifest/2"
+_TUNEKIT_FILES = (STATE_FILE, METADATA_FILE, MANIFEST_FILE)
 _CHUNK = 8 * 1024 * 1024
+
+CheckpointLocation = Union[str, "os.PathLike[str]", Storage, tune.Checkpoint]
+
+
+def _locate(location: CheckpointLocation) -> Storage:
+    """Where a checkpoint lives, as (filesystem, path)."""
+    if isinstance(location, tune.Checkpoint):
+        return Storage(location.filesystem, location.path, str(location.path))
+    return resolve_storage(location)
+
+
+def _sha256_stream(stream: Any) -> str:
+    digest = hashlib.sha256()
+    while chunk := stream.read(_CHUNK):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return _sha256_stream(fh)
+
+
+def _canonical(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _manifest_bytes(files: dict[str, dict[str, Any]]) -> bytes:
+    body = {"files": files, "format": MANIFEST_FORMAT}
+    digest = hashlib.sha256(_canonical(body)).hexdigest()
+    return _canonical({**body, "digest": digest}) + b"\n"
+
+
+def _parse_manifest(raw: bytes) -> dict[str, dict[str, Any]]:
+    """The manifest's file table; ValueError if any byte of it is off."""
+    manifest = json.loads(raw)
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"not a {MANIFEST_FORMAT} manifest")
+    if raw != _canonical(manifest) + b"\n":
+        raise ValueError("not in canonical form")
+    body = {k: v for k, v in manifest.items() if k != "digest"}
+    if hashlib.sha256(_canonical(body)).hexdigest() != manifest.get("digest"):
+        raise ValueError("its own digest does not match its content")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(
+        isinstance(e, dict) and isinstance(e.get("size"), int) and isinstance(e.get("sha256"), str)
+        for e in files.values()
+    ):
+        raise ValueError("malformed file table")
+    return files
 
 
 def _json_safe(value: Any) -> Any:
@@ -78,10 +136,10 @@ def _json_safe(value: Any) -> Any:
     return repr(value)
 
 
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
+def _fsync_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(payload, fh, indent=1, sort_keys=True)
+    with open(tmp, "wb") as fh:
+        fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -121,15 +179,16 @@ def write_checkpoint(
         "torch": torch.__version__,
         **_json_safe(metadata or {}),
     }
-    _write_json(path / METADATA_FILE, meta)
+    _fsync_write(path / METADATA_FILE, json.dumps(meta, indent=1, sort_keys=True).encode())
     files = {}
     for file in sorted(p for p in path.rglob("*") if p.is_file()):
         rel = file.relative_to(path).as_posix()
         if rel == MANIFEST_FILE:
             continue
         files[rel] = {"size": file.stat().st_size, "sha256": _sha256(file)}
-    _write_json(manifest, {"format": MANIFEST_FORMAT, "files": files})
+    _fsync_write(manifest, _manifest_bytes(files))
     return path
+
 
 
 @dataclass
@@ -144,57 +203,129 @@ class CheckpointReport:
     def ok(self) -> bool:
         return self.status == "good"
 
+    def describe(self) -> str:
+        """One line: the path, the status and what is wrong."""
+        tail = f": {'; '.join(self.problems)}" if self.problems else ""
+        return f"{self.path} is {self.status}{tail}"
 
-def verify_checkpoint(directory: str | os.PathLike[str]) -> CheckpointReport:
-    """Check a checkpoint directory against its manifest (sizes and SHA-256)."""
-    path = Path(directory)
-    if not path.is_dir():
-        return CheckpointReport(str(path), "incomplete", ["directory is missing"])
-    manifest_path = path / MANIFEST_FILE
-    if not manifest_path.is_file():
-        return CheckpointReport(str(path), "incomplete", [f"no {MANIFEST_FILE}"])
+
+def _read_bytes(fs: pafs.FileSystem, path: str) -> bytes | None:
+    """The file's bytes, or None when there is no such file."""
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as stream:
+        return stream.read()
+
+
+def _storage_call(where: Storage, action: str, fn: Any, *args: Any) -> Any:
     try:
-        manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-        if manifest.get("format") != MANIFEST_FORMAT or not isinstance(files, dict):
-            raise ValueError("unknown manifest format")
-    except (ValueError, KeyError, TypeError) as exc:
-        return CheckpointReport(str(path), "corrupt", [f"{MANIFEST_FILE} unreadable: {exc}"])
+        return fn(*args)
+    except (OSError, pyarrow.ArrowException) as exc:
+        if isinstance(exc, (CheckpointError, StorageError)):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageError(f"cannot {action} {where.uri}: {first}") from None
+
+
+def _verify(fs: pafs.FileSystem, path: str, shown: str) -> CheckpointReport:
+    info = fs.get_file_info(path)
+    if info.type != pafs.FileType.Directory:
+        return CheckpointReport(shown, "incomplete", ["directory is missing"])
+    raw = _read_bytes(fs, posixpath.join(path, MANIFEST_FILE))
+    if raw is None:
+        return CheckpointReport(shown, "incomplete", [f"no {MANIFEST_FILE}"])
+    try:
+        files = _parse_manifest(raw)
+    except (ValueError, TypeError) as exc:
+        return CheckpointReport(shown, "corrupt", [f"{MANIFEST_FILE} is damaged: {exc}"])
     problems = []
-    for rel, entry in sorted(files.items()):
-        file = path / rel
-        if not file.is_file():
-            problems.append(f"{rel}: missing")
-            continue
-        size = file.stat().st_size
-        if size != entry.get("size"):
-            problems.append(f"{rel}: size {size}, manifest says {entry.get('size')}")
-        elif _sha256(file) != entry.get("sha256"):
-            problems.append(f"{rel}: SHA-256 differs from manifest")
-    if STATE_FILE not in files and not problems:
+    if STATE_FILE not in files:
         problems.append(f"{STATE_FILE}: not listed in manifest")
-    return CheckpointReport(str(path), "corrupt" if problems else "good", problems)
+    for rel, entry in sorted(files.items()):
+        file = posixpath.join(path, rel)
+        file_info = fs.get_file_info(file)
+        if file_info.type != pafs.FileType.File:
+            problems.append(f"{rel}: missing")
+        elif file_info.size != entry["size"]:
+            problems.append(f"{rel}: {file_info.size} bytes, manifest says {entry['size']}")
+        else:
+            with fs.open_input_stream(file) as stream:
+                if _sha256_stream(stream) != entry["sha256"]:
+                    problems.append(f"{rel}: SHA-256 differs from manifest")
+    return CheckpointReport(shown, "corrupt" if problems else "good", problems)
 
 
-def is_tunekit_checkpoint(directory: str | os.PathLike[str]) -> bool:
-    """True if ``directory`` looks like a tunekit checkpoint (committed or not)."""
-    path = Path(directory)
-    return (path / STATE_FILE).is_file() or (path / METADATA_FILE).is_file()
+def verify_checkpoint(location: CheckpointLocation) -> CheckpointReport:
+    """Check a checkpoint against its manifest (sizes and SHA-256), where it is stored.
+
+    Args:
+        location: A local path, URI, :class:`~tunekit.storage.Storage` or
+            ``ray.tune.Checkpoint``.
+
+    Returns:
+        The report: ``good``, ``incomplete`` (no manifest: never committed,
+        half-copied or manifest deleted) or ``corrupt`` (files differ).
+
+    Raises:
+        StorageError: the storage itself cannot be read.
+    """
+    where = _locate(location)
+    return _storage_call(where, "verify", _verify, where.filesystem, where.path, where.uri)
 
 
-def read_metadata(directory: str | os.PathLike[str]) -> dict[str, Any]:
+def is_tunekit_checkpoint(location: CheckpointLocation) -> bool:
+    """True if the directory holds any tunekit file (committed or not)."""
+    where = _locate(location)
+    fs = where.filesystem
+    return any(
+        fs.get_file_info(posixpath.join(where.path, name)).type == pafs.FileType.File
+        for name in _TUNEKIT_FILES
+    )
+
+
+def read_metadata(location: CheckpointLocation) -> dict[str, Any]:
     """Read ``tunekit.json`` of a checkpoint (no verification, no unpickling)."""
-    path = Path(directory) / METADATA_FILE
+    where = _locate(location)
+    raw = _storage_call(
+        where, "read", _read_bytes, where.filesystem, posixpath.join(where.path, METADATA_FILE)
+    )
+    if raw is None:
+        raise CheckpointError(f"{where.uri}: not a tunekit checkpoint (no {METADATA_FILE})")
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{directory}: not a tunekit checkpoint (no {METADATA_FILE})") from None
+        meta = json.loads(raw)
     except ValueError as exc:
-        raise CheckpointError(f"{path}: unreadable JSON ({exc})") from None
+        raise CheckpointError(f"{where.uri}/{METADATA_FILE}: unreadable JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{where.uri}/{METADATA_FILE}: expected a JSON object")
+    return meta
+
+
+@contextlib.contextmanager
+def local_checkpoint(location: CheckpointLocation) -> Iterator[str]:
+    """The checkpoint as a local directory: in place if local, else a temporary copy."""
+    where = _locate(location)
+    if where.is_local:
+        yield where.path
+        return
+    tmp = tempfile.mkdtemp(prefix="tunekit-download-")
+    try:
+        _storage_call(
+            where,
+            "download",
+            lambda: pafs.copy_files(
+                where.path,
+                tmp,
+                source_filesystem=where.filesystem,
+                destination_filesystem=pafs.LocalFileSystem(),
+            ),
+        )
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_state(
-    directory: str | os.PathLike[str],
+    location: CheckpointLocation,
     *,
     map_location: str | torch.device = "cpu",
     verify: bool = True,
@@ -205,30 +336,29 @@ def read_state(
         CheckpointError: the directory is incomplete or corrupt (``verify``),
             or the file would need arbitrary unpickling to load.
     """
-    path = Path(directory)
-    if verify:
-        report = verify_checkpoint(path)
-        if not report.ok:
+    with local_checkpoint(location) as directory:
+        shown = _locate(location).uri
+        if verify:
+            report = _verify(pafs.LocalFileSystem(), directory, shown)
+            if not report.ok:
+                raise CheckpointError(f"checkpoint {report.describe()}")
+        state_file = Path(directory) / STATE_FILE
+        if not state_file.is_file():
+            raise CheckpointError(f"checkpoint {shown}: no {STATE_FILE}")
+        try:
+            return torch.load(state_file, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CheckpointError(
-                f"checkpoint {path} is {report.status}: {'; '.join(report.problems)}"
-            )
-    state_file = path / STATE_FILE
-    if not state_file.is_file():
-        raise CheckpointError(f"checkpoint {path}: no {STATE_FILE}")
-    try:
-        return torch.load(state_file, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(
-            f"checkpoint {state_file} holds objects that need arbitrary unpickling, "
-            f"which tunekit refuses ({first})"
-        ) from None
-    except (RuntimeError, EOFError, OSError) as exc:
-        raise CheckpointError(f"checkpoint {state_file} cannot be read: {exc}") from None
+                f"checkpoint {shown}/{STATE_FILE} holds objects that need arbitrary "
+                f"unpickling, which tunekit refuses ({first})"
+            ) from None
+        except (RuntimeError, EOFError, OSError) as exc:
+            raise CheckpointError(f"checkpoint {shown}/{STATE_FILE} cannot be read: {exc}") from None
 
 
 def load_model(
-    directory: str | os.PathLike[str],
+    location: CheckpointLocation,
     model: torch.nn.Module,
     *,
     name: str | None = None,
@@ -237,7 +367,8 @@ def load_model(
     """Load a model's weights from a tunekit checkpoint, ready for inference.
 
     Args:
-        directory: The checkpoint directory (verified before loading).
+        location: The checkpoint (verified before loading): a local path, URI,
+            :class:`~tunekit.storage.Storage` or ``ray.tune.Checkpoint``.
         model: A module of the same architecture; its weights are replaced.
         name: Which model of the state; defaults to the only/first one.
         map_location: Where to put the tensors while loading.
@@ -245,14 +376,13 @@ def load_model(
     Returns:
         ``model``, in eval mode.
     """
-    state = read_state(directory, map_location=map_location)
+    state = read_state(location, map_location=map_location)
     models = state.get("models") or {}
+    shown = _locate(location).uri
     if not models:
-        raise CheckpointError(f"checkpoint {directory} holds no model")
+        raise CheckpointError(f"checkpoint {shown} holds no model")
     key = name if name is not None else next(iter(models))
     if key not in models:
-        raise CheckpointError(
-            f"checkpoint {directory} has no model {key!r}; it has {sorted(models)}"
-        )
+        raise CheckpointError(f"checkpoint {shown} has no model {key!r}; it has {sorted(models)}")
     model.load_state_dict(models[key])
     return model.eval()

@@ -6,6 +6,7 @@ Exit codes: 0 ok, 1 failure, 2 bad usage or bad input (one line on stderr).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Callable, NoReturn, Sequence
 
@@ -62,6 +63,37 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
     return 0 if all(row["state"] != "ERROR" for row in summary.rows) else 1
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from tunekit.verify import CheckpointCheck, verify_experiment
+
+    width = {"trial": 0}
+
+    def show(check: CheckpointCheck) -> None:
+        if args.json:
+            return
+        width["trial"] = max(width["trial"], len(check.trial))
+        iteration = "-" if check.iteration is None else str(check.iteration)
+        line = f"{check.trial:<{width['trial']}}  {check.checkpoint}  iter {iteration:>5}  {check.status}"
+        if check.problems and check.status != "good":
+            line += f": {'; '.join(check.problems)}"
+        print(line, flush=True)
+
+    if not args.json:
+        print(f"verifying {args.experiment}", file=sys.stderr, flush=True)
+    result = verify_experiment(args.experiment, on_check=show)
+    if args.json:
+        payload = {
+            "experiment": result.location,
+            "ok": result.ok,
+            "counts": result.counts(),
+            "checkpoints": [c.as_dict() for c in result.checks],
+        }
+        print(json.dumps(payload, indent=1))
+    else:
+        print(result.summary())
+    return 0 if result.ok else 1
+
+
 def _build_parser() -> _Parser:
     parser = _Parser(
         prog="tunekit",
@@ -84,6 +116,19 @@ def _build_parser() -> _Parser:
     quick.add_argument("--cpus", type=_int_at_least(1), default=None, help="CPUs of the local Ray (default: all)")
     quick.add_argument("--gpus-per-trial", type=_non_negative_float, default=0.0, help="GPUs per trial, fractions allowed (default 0)")
     quick.set_defaults(func=_cmd_quickstart)
+    verify = sub.add_parser(
+        "verify",
+        help="check every checkpoint of an experiment against its manifest",
+        description=(
+            "Check every checkpoint of every trial of experiment EXP (a local path or "
+            "a URI such as s3://bucket/prefix/exp?endpoint_override=...) and report "
+            "good / incomplete / corrupt per checkpoint. Exit 0 if all are good, 1 if "
+            "any is bad, 2 if EXP is not an experiment."
+        ),
+    )
+    verify.add_argument("experiment", metavar="EXP", help="experiment directory or URI")
+    verify.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    verify.set_defaults(func=_cmd_verify)
     return parser
 
 

@@ -1,13 +1,13 @@
 """Exceptions raised by tunekit.
 
-Every error subclasses a builtin (``ValueError``), so callers that do not know
-tunekit still catch them; the message is one line naming what is wrong and
+Every error subclasses a builtin (``ValueError``, or ``OSError`` for storage
+that cannot be reached), so callers that do not know tunekit still catch them; the message is one line naming what is wrong and
 what is expected.
 """
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "ConfigError", "TunekitError"]
+__all__ = ["CheckpointError", "ConfigError", "ExperimentError", "StorageError", "TunekitError"]
 
 
 class TunekitError(Exception):
@@ -20,3 +20,11 @@ class ConfigError(TunekitError, ValueError):
 
 class CheckpointError(TunekitError, ValueError):
     """A checkpoint directory is missing, incomplete, corrupt or unsafe to load."""
+
+
+class StorageError(TunekitError, OSError):
+    """A storage location is malformed, unreachable, or not writable."""
+
+
+class ExperimentError(TunekitError, ValueError):
+    """A path is not an experiment directory, or its state cannot be read."""

@@ -48,7 +48,12 @@ from ray.tune.trainable import FunctionTrainable
 from tunekit.errors import ConfigError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.state import TrainingState
-from tunekit.trial_checkpoint import restore_trial_state, save_trial_state
+from tunekit.trial_checkpoint import (
+    prepare_restore,
+    remove_temps,
+    restore_trial_state,
+    save_trial_state,
+)
 
 __all__ = ["FunctionSession", "function_trainable"]
 
@@ -163,7 +168,6 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
     setup = FunctionTrainable.setup
     step = FunctionTrainable.step
     execute = FunctionTrainable.execute
-    cleanup = FunctionTrainable.cleanup
     _report_thread_runner_error = FunctionTrainable._report_thread_runner_error
 
     _tunekit_saver: Callable[[str], None] | None = None
@@ -201,11 +205,13 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         self._tunekit_saved = (self.iteration, result)
         return result
 
+    _tunekit_temps: list[str] | None = None
+
     def restore(self, checkpoint_path: Any) -> None:
-        if isinstance(checkpoint_path, str):
-            checkpoint_path = tune.Checkpoint.from_directory(checkpoint_path)
-        if isinstance(checkpoint_path, tune.Checkpoint):
-            checkpoint_path = _TrainingResult(checkpoint=checkpoint_path, metrics={})
+        # Verified (falling back to the trial's newest good checkpoint) and
+        # local; the session reads it when the training function starts.
+        remove_temps(self._tunekit_temps or [])
+        checkpoint_path, self._tunekit_temps = prepare_restore(checkpoint_path)
         metrics = checkpoint_path.metrics
         self._iteration = metrics.get("training_iteration", 0)
         self._time_total = metrics.get("time_total_s", 0)
@@ -214,6 +220,10 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         self._tunekit_saved = None
         get_session().loaded_checkpoint = checkpoint_path.checkpoint
         self._restored = True
+
+    def cleanup(self) -> None:
+        FunctionTrainable.cleanup(self)
+        remove_temps(self._tunekit_temps or [])
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         self._tunekit_saver = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from abc import abstractmethod
 from typing import Any, ClassVar
 
@@ -13,7 +15,12 @@ from tunekit.errors import ConfigError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.rng import seed_everything
 from tunekit.state import TrainingState
-from tunekit.trial_checkpoint import restore_trial_state, save_trial_state
+from tunekit.trial_checkpoint import (
+    prepare_restore,
+    remove_temps,
+    restore_trial_state,
+    save_trial_state,
+)
 
 __all__ = ["TorchTrainable"]
 
@@ -120,6 +127,18 @@ class TorchTrainable(tune.Trainable):
         )
         return checkpoint_dir
 
+    def restore(self, checkpoint_path: Any) -> None:
+        # Verify first, falling back to the trial's newest good checkpoint.
+        result, temps = prepare_restore(checkpoint_path)
+        try:
+            self._verified = result.checkpoint.path
+            super().restore(result)
+        finally:
+            self._verified = None
+            remove_temps(temps)
+
+    _verified: str | None = None
+
     def load_checkpoint(self, checkpoint: Any) -> None:
         if not isinstance(checkpoint, str):
             raise ConfigError(
@@ -132,6 +151,7 @@ class TorchTrainable(tune.Trainable):
             config=self.config,
             mutable=self.mutable(),
             apply=self.apply_hyperparameters,
+            verify=os.path.abspath(checkpoint) != os.path.abspath(self._verified or ""),
         )
         self._saved = None
 

@@ -1,16 +1,42 @@
-"""Save and restore one trial's TrainingState, shared by class and function trainables."""
+"""Save and restore one trial's TrainingState, shared by class and function trainables.
+
+Restoring goes through :func:`restorable_checkpoint`: the checkpoint Tune asks
+for is fetched once (a local copy if it lives on remote storage) and verified
+against its manifest. A damaged one is skipped for the same trial's newest
+good checkpoint before it, with a warning naming what was skipped; if there is
+none, restoring fails with a :class:`~tunekit.CheckpointError` saying so.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import posixpath
+import re
+import shutil
+import tempfile
 from typing import Any, Callable, Mapping
 
-from tunekit.checkpoint import read_state, write_checkpoint
+import pyarrow.fs as pafs
+from ray import tune
+from ray.train._internal.checkpoint_manager import _TrainingResult
+
+from tunekit.checkpoint import (
+    CheckpointReport,
+    read_metadata,
+    read_state,
+    verify_checkpoint,
+    write_checkpoint,
+)
+from tunekit.errors import CheckpointError
 from tunekit.device import trial_device
 from tunekit.hparams import changed_hyperparameters
 from tunekit.state import TrainingState
 
-__all__ = ["restore_trial_state", "save_trial_state"]
+__all__ = ["prepare_restore", "restore_trial_state", "save_trial_state"]
+
+logger = logging.getLogger("tunekit")
+_CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
 
 
 def save_trial_state(
@@ -47,6 +73,7 @@ def restore_trial_state(
     config: Mapping[str, Any],
     mutable: tuple[str, ...],
     apply: Callable[[dict[str, Any]], None],
+    verify: bool = True,
 ) -> dict[str, Any]:
     """Load a checkpoint into ``state``, then apply hyperparameters that changed.
 
@@ -56,9 +83,98 @@ def restore_trial_state(
     Returns:
         The hyperparameters that differed from the checkpoint and were applied.
     """
-    sd = read_state(directory)
+    sd = read_state(directory, verify=verify)
     state.load_state_dict(sd)
     changed = changed_hyperparameters(sd.get("hparams") or {}, config, mutable)
     if changed:
         apply(changed)
     return changed
+
+
+def _as_training_result(checkpoint: Any) -> _TrainingResult:
+    if isinstance(checkpoint, (str, os.PathLike)):
+        checkpoint = tune.Checkpoint.from_directory(os.fspath(checkpoint))
+    if isinstance(checkpoint, tune.Checkpoint):
+        return _TrainingResult(checkpoint=checkpoint, metrics={})
+    if isinstance(checkpoint, _TrainingResult):
+        return checkpoint
+    raise CheckpointError(
+        f"cannot restore from {type(checkpoint).__name__}: expected a checkpoint "
+        "directory, a ray.tune.Checkpoint or the result of save()"
+    )
+
+
+def _fetch(checkpoint: tune.Checkpoint, temps: list[str]) -> tuple[tune.Checkpoint, CheckpointReport]:
+    """A local, verified view of ``checkpoint`` (downloaded once if remote)."""
+    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        return checkpoint, verify_checkpoint(checkpoint)
+    local = tempfile.mkdtemp(prefix="tunekit-restore-")
+    temps.append(local)
+    try:
+        checkpoint.to_directory(local)
+    except (OSError, FileNotFoundError) as exc:  # storage errors are raised, with context
+        raise CheckpointError(f"cannot download checkpoint {checkpoint.path}: {exc}") from None
+    report = verify_checkpoint(local)
+    report.path = checkpoint.path
+    return tune.Checkpoint.from_directory(local), report
+
+
+def _earlier_checkpoints(checkpoint: tune.Checkpoint) -> list[tune.Checkpoint]:
+    """The same trial's checkpoints before ``checkpoint``, newest first."""
+    match = _CHECKPOINT_DIR.match(posixpath.basename(checkpoint.path.rstrip("/")))
+    if not match:
+        return []
+    fs, trial_dir = checkpoint.filesystem, posixpath.dirname(checkpoint.path.rstrip("/"))
+    found = []
+    for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
+        other = _CHECKPOINT_DIR.match(info.base_name)
+        if info.type == pafs.FileType.Directory and other and int(other[1]) < int(match[1]):
+            found.append((int(other[1]), info.path))
+    return [tune.Checkpoint(path, filesystem=fs) for _, path in sorted(found, reverse=True)]
+
+
+def prepare_restore(checkpoint: Any) -> tuple[_TrainingResult, list[str]]:
+    """Resolve what Tune asked to restore into a good, local checkpoint.
+
+    Returns:
+        The result to restore (its checkpoint local and verified) and the
+        temporary directories the caller removes once restored.
+
+    Raises:
+        CheckpointError: the checkpoint is damaged and the trial has no good
+            checkpoint before it.
+    """
+    requested = _as_training_result(checkpoint)
+    temps: list[str] = []
+    try:
+        local, report = _fetch(requested.checkpoint, temps)
+        if report.ok:
+            return _TrainingResult(checkpoint=local, metrics=requested.metrics), temps
+        skipped = [report]
+        for candidate in _earlier_checkpoints(requested.checkpoint):
+            local, candidate_report = _fetch(candidate, temps)
+            if not candidate_report.ok:
+                skipped.append(candidate_report)
+                continue
+            iteration = int(read_metadata(local).get("iteration", 0))
+            logger.warning(
+                "tunekit: skipped damaged checkpoint(s) %s; restoring from %s (iteration %d) instead",
+                " | ".join(r.describe() for r in skipped),
+                candidate.path,
+                iteration,
+            )
+            metrics = {**requested.metrics, "training_iteration": iteration}
+            return _TrainingResult(checkpoint=local, metrics=metrics), temps
+        raise CheckpointError(
+            f"cannot restore: checkpoint {report.describe()}; the trial has no good "
+            "checkpoint before it to fall back to"
+        )
+    except BaseException:
+        remove_temps(temps)
+        raise
+
+
+def remove_temps(temps: list[str]) -> None:
+    """Remove temporary directories made by :func:`prepare_restore`."""
+    while temps:
+        shutil.rmtree(temps.pop(), ignore_errors=True)

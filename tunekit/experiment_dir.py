@@ -1,0 +1,103 @@
+"""Find the trials and checkpoints of a Ray Tune experiment directory, on any storage.
+
+Only names and directory structure are read here: nothing is unpickled and no
+Ray is needed. The layout Ray Tune writes::
+
+    EXP/experiment_state-<time>.json     (one or more; the newest counts)
+    EXP/<trial dir>/params.json, result.json, progress.csv
+    EXP/<trial dir>/checkpoint_000000/    (one directory per checkpoint)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pyarrow
+import pyarrow.fs as pafs
+
+from tunekit.errors import ExperimentError, StorageError
+from tunekit.storage import Storage
+
+__all__ = ["CheckpointDir", "TrialDir", "find_trials"]
+
+_CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
+_TRIAL_FILES = ("params.json", "result.json", "progress.csv")
+
+
+@dataclass(frozen=True)
+class CheckpointDir:
+    """One ``checkpoint_NNNNNN`` directory of a trial."""
+
+    name: str
+    index: int
+    location: Storage
+
+
+@dataclass(frozen=True)
+class TrialDir:
+    """One trial directory and its checkpoints, oldest first."""
+
+    name: str
+    location: Storage
+    checkpoints: tuple[CheckpointDir, ...]
+
+
+def _list(where: Storage, path: str) -> list[pafs.FileInfo]:
+    try:
+        return where.filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    except (OSError, pyarrow.ArrowException) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageError(f"cannot list {where.uri}: {first}") from None
+
+
+def find_trials(experiment: Storage) -> list[TrialDir]:
+    """The trial directories of ``experiment``, sorted by name.
+
+    Raises:
+        ExperimentError: ``experiment`` does not exist or is not a Ray Tune
+            experiment directory (no ``experiment_state-*.json`` and no trial
+            directories).
+        StorageError: the storage cannot be read.
+    """
+    try:
+        info = experiment.filesystem.get_file_info(experiment.path)
+    except (OSError, pyarrow.ArrowException) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageError(f"cannot read {experiment.uri}: {first}") from None
+    if info.type == pafs.FileType.NotFound:
+        raise ExperimentError(f"{experiment.uri}: no such experiment directory")
+    if info.type != pafs.FileType.Directory:
+        raise ExperimentError(f"{experiment.uri}: is a file, expected an experiment directory")
+    entries = _list(experiment, experiment.path)
+    has_state = any(
+        e.type == pafs.FileType.File
+        and e.base_name.startswith("experiment_state")
+        and e.base_name.endswith(".json")
+        for e in entries
+    )
+    trials = []
+    for entry in sorted(entries, key=lambda e: e.base_name):
+        if entry.type != pafs.FileType.Directory:
+            continue
+        children = _list(experiment, entry.path)
+        checkpoints = sorted(
+            (
+                CheckpointDir(c.base_name, int(m[1]), experiment.join(entry.base_name, c.base_name))
+                for c in children
+                if c.type == pafs.FileType.Directory and (m := _CHECKPOINT_DIR.match(c.base_name))
+            ),
+            key=lambda c: c.index,
+        )
+        is_trial = checkpoints or any(
+            c.type == pafs.FileType.File and c.base_name in _TRIAL_FILES for c in children
+        )
+        if is_trial:
+            trials.append(TrialDir(entry.base_name, experiment.join(entry.base_name), tuple(checkpoints)))
+    if not has_state and not trials:
+        raise ExperimentError(
+            f"{experiment.uri}: not a Ray Tune experiment directory "
+            "(no experiment_state-*.json and no trial directories)"
+        )
+    return trials
+

@@ -1,0 +1,123 @@
+"""Verify every checkpoint of every trial of an experiment, local or remote.
+
+Example:
+    >>> import tempfile
+    >>> from tunekit import verify_experiment
+    >>> verify_experiment(tempfile.mkdtemp())  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    tunekit.errors.ExperimentError: ...: not a Ray Tune experiment directory ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+from tunekit.checkpoint import CheckpointReport, is_tunekit_checkpoint, read_metadata, verify_checkpoint
+from tunekit.errors import CheckpointError
+from tunekit.experiment_dir import find_trials
+from tunekit.storage import Storage, resolve_storage
+
+__all__ = ["CheckpointCheck", "ExperimentCheck", "verify_experiment"]
+
+
+@dataclass(frozen=True)
+class CheckpointCheck:
+    """The verdict on one checkpoint directory of one trial."""
+
+    trial: str
+    checkpoint: str
+    iteration: int | None
+    status: Literal["good", "incomplete", "corrupt", "unverified"]
+    problems: tuple[str, ...] = ()
+
+    @property
+    def bad(self) -> bool:
+        return self.status in ("incomplete", "corrupt")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "trial": self.trial,
+            "checkpoint": self.checkpoint,
+            "iteration": self.iteration,
+            "status": self.status,
+            "problems": list(self.problems),
+        }
+
+
+@dataclass
+class ExperimentCheck:
+    """The verdicts on all checkpoints of an experiment."""
+
+    location: str
+    trials: int = 0
+    checks: list[CheckpointCheck] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no checkpoint is incomplete or corrupt."""
+        return not any(c.bad for c in self.checks)
+
+    def counts(self) -> dict[str, int]:
+        out = {"good": 0, "incomplete": 0, "corrupt": 0, "unverified": 0}
+        for check in self.checks:
+            out[check.status] += 1
+        return out
+
+    def summary(self) -> str:
+        counts = self.counts()
+        parts = ", ".join(f"{n} {status}" for status, n in counts.items() if n or status != "unverified")
+        return f"{len(self.checks)} checkpoints in {self.trials} trials: {parts}"
+
+
+def _iteration(location: Storage) -> int | None:
+    try:
+        value = read_metadata(location).get("iteration")
+    except CheckpointError:
+        return None
+    return value if isinstance(value, int) else None
+
+
+def verify_experiment(
+    location: str | Storage,
+    *,
+    filesystem: Any = None,
+    on_check: Callable[[CheckpointCheck], None] | None = None,
+) -> ExperimentCheck:
+    """Verify every checkpoint of every trial of the experiment at ``location``.
+
+    Checkpoints written by tunekit are checked against their manifests. In an
+    experiment that holds tunekit checkpoints, a checkpoint directory without
+    any tunekit file is *incomplete* (for instance half-copied). Checkpoints
+    of other trainables cannot be verified and are reported as *unverified*.
+
+    Args:
+        location: The experiment directory: path, URI or Storage.
+        filesystem: A pyarrow/fsspec filesystem ``location`` is a path on.
+        on_check: Called with each verdict as soon as it is known (progress).
+
+    Raises:
+        ExperimentError: ``location`` is not an experiment directory.
+        StorageError: the storage cannot be read.
+    """
+    experiment = resolve_storage(location, filesystem=filesystem)
+    trials = find_trials(experiment)
+    result = ExperimentCheck(location=experiment.uri, trials=len(trials))
+    found = [(trial, ckpt, is_tunekit_checkpoint(ckpt.location)) for trial in trials for ckpt in trial.checkpoints]
+    any_tunekit = any(is_ours for _, _, is_ours in found)
+    for trial, ckpt, is_ours in found:
+        if is_ours or any_tunekit:
+            report: CheckpointReport = verify_checkpoint(ckpt.location)
+            check = CheckpointCheck(
+                trial.name,
+                ckpt.name,
+                _iteration(ckpt.location) if is_ours else None,
+                report.status,
+                tuple(report.problems) if is_ours else ("no tunekit files in it",),
+            )
+        else:
+            check = CheckpointCheck(trial.name, ckpt.name, None, "unverified", ("not a tunekit checkpoint",))
+        result.checks.append(check)
+        if on_check is not None:
+            on_check(check)
+    return result
