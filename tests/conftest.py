@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+# Fake credentials for the local S3 server, set before Ray starts so workers
+# inherit them. The secret is distinctive so tests can prove it never leaks.
+S3_SECRET = "tunekit-test-secret-9f4c2e"
+os.environ["AWS_ACCESS_KEY_ID"] = "tunekit-test-key-id"
+os.environ["AWS_SECRET_ACCESS_KEY"] = S3_SECRET
+os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+os.environ.pop("AWS_PROFILE", None)
+os.environ.pop("AWS_SESSION_TOKEN", None)
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -57,3 +68,73 @@ def storage(tmp_path: Path) -> Path:
     path = tmp_path / "storage"
     path.mkdir()
     return path
+
+
+class S3Server:
+    """moto's S3 server mode on 127.0.0.1; can be stopped and restarted on its port."""
+
+    def __init__(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        self._cls = ThreadedMotoServer
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server.start()
+        self.port = self._server.get_host_and_port()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.running = True
+
+    def stop(self) -> None:
+        if self.running:
+            self._server.stop()
+            self.running = False
+
+    def start(self) -> None:
+        """Start again on the same port; the stored objects survive (same process)."""
+        if not self.running:
+            self._server = self._cls(ip_address="127.0.0.1", port=self.port, verbose=False)
+            self._server.start()
+            self.running = True
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
+
+
+@dataclass(frozen=True)
+class S3Bucket:
+    """A fresh bucket on the test S3 server."""
+
+    server: S3Server
+    name: str
+
+    def uri(self, *parts: str) -> str:
+        """``s3://bucket/parts?endpoint_override=...``: what a user passes to Tune."""
+        path = "/".join((self.name, *parts))
+        return f"s3://{path}?endpoint_override={self.server.endpoint}&region=us-east-1"
+
+    def keys(self) -> list[str]:
+        pages = self.server.client().get_paginator("list_objects_v2").paginate(Bucket=self.name)
+        return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
+
+    def read(self, key: str) -> bytes:
+        return self.server.client().get_object(Bucket=self.name, Key=key)["Body"].read()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """One S3-compatible server (moto) on a free port of 127.0.0.1 for the session."""
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> Iterator[S3Bucket]:
+    """A new, empty bucket; the server is running when the test starts and ends."""
+    s3_server.start()
+    bucket = S3Bucket(s3_server, f"tunekit-{uuid.uuid4().hex[:12]}")
+    s3_server.client().create_bucket(Bucket=bucket.name)
+    yield bucket
+    s3_server.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import posixpath
 import sys
 import time
 from dataclasses import dataclass
@@ -181,7 +182,11 @@ def run_quickstart(
         rows=rows,
         best_trial_id=str(best.metrics.get("trial_id")),
         best_accuracy=float(best_metrics[METRIC]),
-        best_checkpoint=best_ckpt.path,
+        best_checkpoint=(
+            best_ckpt.path
+            if storage.is_local
+            else experiment.join(posixpath.relpath(best_ckpt.path, experiment.path)).uri
+        ),
         wall_s=wall,
     )
     print("", file=out)

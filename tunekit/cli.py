@@ -71,6 +71,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     def show(check: CheckpointCheck) -> None:
         if args.json:
             return
+        if not width["trial"]:
+            print(f"verifying {args.experiment}", flush=True)
         width["trial"] = max(width["trial"], len(check.trial))
         iteration = "-" if check.iteration is None else str(check.iteration)
         line = f"{check.trial:<{width['trial']}}  {check.checkpoint}  iter {iteration:>5}  {check.status}"
@@ -78,8 +80,6 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             line += f": {'; '.join(check.problems)}"
         print(line, flush=True)
 
-    if not args.json:
-        print(f"verifying {args.experiment}", file=sys.stderr, flush=True)
     result = verify_experiment(args.experiment, on_check=show)
     if args.json:
         payload = {

@@ -189,7 +189,12 @@ def _classify(exc: BaseException) -> str:
     """Name the cause of a storage error in words a user can act on."""
     message = str(exc)
     upper = message.upper()
-    if "NO_SUCH_BUCKET" in upper or "NOSUCHBUCKET" in upper or "BUCKET DOES NOT EXIST" in upper:
+    if (
+        "NO_SUCH_BUCKET" in upper
+        or "NOSUCHBUCKET" in upper
+        or "BUCKET DOES NOT EXIST" in upper
+        or ("BUCKET" in upper and "NOT FOUND" in upper)
+    ):
         return "no such bucket"
     if "NETWORK_CONNECTION" in upper or "COULD NOT CONNECT" in upper or "COULDN'T CONNECT" in upper:
         return "endpoint unreachable"

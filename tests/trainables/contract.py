@@ -77,3 +77,34 @@ class KillActorOnce(tune.Callback):
         if not self.killed and result["training_iteration"] == self.at:
             self.killed = True
             ray.kill(trial.temporary_state.ray_actor)
+
+
+def flip_byte(checkpoint_dir: str, name: str = "state.pt") -> None:
+    """Damage one byte of a checkpoint file in place."""
+    file = Path(checkpoint_dir) / name
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+class DamageAndKill(tune.Callback):
+    """At iteration ``at``: damage the trial's newest ``damage`` checkpoints, then kill its worker."""
+
+    def __init__(self, at: int, damage: int = 1) -> None:
+        self.at, self.damage, self.damaged = at, damage, []
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if self.damaged or result["training_iteration"] != self.at:
+            return
+        trial_dir = Path(trial.storage.trial_fs_path)
+        newest = sorted(trial_dir.glob("checkpoint_*"))[-self.damage :]
+        for directory in newest:
+            flip_byte(str(directory))
+            self.damaged.append(directory.name)
+        ray.kill(trial.temporary_state.ray_actor)
+
+
+def worker_logs_mention(text: str) -> bool:
+    """True if any Ray worker log of this session contains ``text``."""
+    logs = Path(ray._private.worker.global_worker.node.get_logs_dir_path())
+    return any(text in p.read_text(errors="replace") for p in logs.glob("worker-*"))

@@ -10,7 +10,14 @@ from ray import tune
 from callbacks import CheckpointByStepsTaken
 from trainables import DigitsTrainable, TrainDigits
 from tunekit import read_state
-from tests.trainables.contract import KillActorOnce, checkpoint_iterations, run_actor, tensors_equal
+from tests.trainables.contract import (
+    DamageAndKill,
+    KillActorOnce,
+    checkpoint_iterations,
+    run_actor,
+    tensors_equal,
+    worker_logs_mention,
+)
 
 CONFIG = {"lr": 0.05, "momentum": 0.9, "hidden_size": 16, "batch_size": 32, "seed": 7, "steps_per_iteration": 7}
 
@@ -20,7 +27,7 @@ def trainable(request):
     return {"class": DigitsTrainable, "function": TrainDigits}[request.param]
 
 
-def _fit(trainable, storage, name, *, stop, config=None, callbacks=(), max_failures=0, **ckpt):
+def _fit(trainable, storage, name, *, stop, config=None, callbacks=(), max_failures=0, errors_ok=False, **ckpt):
     tuner = tune.Tuner(
         trainable,
         param_space=dict(config or CONFIG),
@@ -35,7 +42,7 @@ def _fit(trainable, storage, name, *, stop, config=None, callbacks=(), max_failu
         ),
     )
     grid = tuner.fit()
-    assert not grid.errors, grid.errors
+    assert errors_ok or not grid.errors, grid.errors
     return grid
 
 
@@ -68,6 +75,36 @@ def test_killed_worker_finishes_with_same_weights(ray_session, trainable, storag
     assert tensors_equal(a["models"], b["models"]) == []
     assert tensors_equal(a["optimizers"], b["optimizers"]) == []
     assert killed.metrics["accuracy"] == plain.metrics["accuracy"]
+
+
+def test_damaged_checkpoint_falls_back_to_newest_good_one(ray_session, trainable, storage):
+    kwargs = dict(stop=8, checkpoint_frequency=2, checkpoint_at_end=True)
+    plain = _fit(trainable, storage, "plain", **kwargs)[0]
+    damage = DamageAndKill(at=5)
+    restored = _fit(trainable, storage, "fallback", callbacks=[damage], max_failures=2, **kwargs)[0]
+
+    assert damage.damaged == ["checkpoint_000001"]  # the one of iteration 4
+    # Restored from iteration 2, the newest good checkpoint: 3, 4, 5 run again.
+    assert sorted(restored.metrics_dataframe["training_iteration"]) == [1, 2, 3, 3, 4, 4, 5, 5, 6, 7, 8]
+    a, b = read_state(plain.checkpoint.path), read_state(restored.checkpoint.path)
+    assert tensors_equal(a["models"], b["models"]) == []
+    assert tensors_equal(a["optimizers"], b["optimizers"]) == []
+    assert worker_logs_mention("skipped damaged checkpoint") and worker_logs_mention(
+        f"fallback/{Path(restored.path).name}/checkpoint_000001 is corrupt"
+    )
+
+
+def test_no_good_checkpoint_to_fall_back_to_fails_clearly(ray_session, trainable, storage):
+    damage = DamageAndKill(at=5, damage=2)
+    grid = _fit(
+        trainable, storage, "nofallback", callbacks=[damage], max_failures=1, errors_ok=True,
+        stop=8, checkpoint_frequency=2,
+    )
+    assert damage.damaged == ["checkpoint_000000", "checkpoint_000001"]
+    error = str(grid[0].error)
+    assert "checkpoint_000001 is corrupt" in error and "no good checkpoint before it" in error
+    # Nothing the user had is touched: the damaged directories are still there.
+    assert checkpoint_iterations(Path(grid[0].path)) == [2, 4]
 
 
 @pytest.mark.parametrize(

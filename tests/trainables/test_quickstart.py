@@ -36,6 +36,32 @@ def test_quickstart_runs_and_prints_table(ray_session, storage, capsys):
     assert abs(acc - best_acc) <= 5e-5  # printed with 4 decimals
 
 
+def test_quickstart_on_s3(ray_session, s3_bucket, capsys):
+    base = s3_bucket.uri("qs-runs")
+    args = ["quickstart", "--num-samples", "2", "--max-iterations", "2", "--storage-path", base, "--name", "qs"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    experiment = base.replace("/qs-runs?", "/qs-runs/qs?")
+    assert f"results go to {experiment}" in out
+    ckpt = re.search(r"best checkpoint: (\S+)", out).group(1)
+    assert ckpt.startswith(f"s3://{s3_bucket.name}/qs-runs/qs/") and "endpoint_override=" in ckpt
+    assert verify_checkpoint(ckpt).ok
+    assert isinstance(DigitsTrainable.load_model(ckpt), torch.nn.Module)
+    assert main(["verify", experiment]) == 0
+
+
+def test_quickstart_fails_before_any_trial_when_storage_is_unreachable(s3_bucket, capsys):
+    s3_bucket.server.stop()
+    try:
+        code = main(["quickstart", "--storage-path", s3_bucket.uri("qs-runs"), "--name", "qs"])
+    finally:
+        s3_bucket.server.start()
+    out, err = capsys.readouterr()
+    assert code == 2 and "results go to" not in out
+    assert "endpoint unreachable" in err and len(err.strip().splitlines()) == 1
+    assert s3_bucket.keys() == []
+
+
 def test_quickstart_refuses_existing_experiment(ray_session, storage, capsys):
     (storage / "taken").mkdir()
     (storage / "taken" / "precious.txt").write_text("x")

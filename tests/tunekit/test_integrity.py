@@ -1,0 +1,186 @@
+"""Every kind of damage to a real checkpoint is detected, by verify and by load, locally and on S3."""
+
+from __future__ import annotations
+
+import posixpath
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import pyarrow.fs as pafs
+import pytest
+import torch
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from trainables.digits import build_digits_state, digits_model, train_steps
+from tunekit import (
+    CheckpointError,
+    load_model,
+    read_state,
+    resolve_storage,
+    verify_checkpoint,
+    write_checkpoint,
+)
+from tunekit.checkpoint import MANIFEST_FILE, METADATA_FILE, STATE_FILE
+from tunekit.storage import Storage
+
+FILES = (STATE_FILE, METADATA_FILE, MANIFEST_FILE)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """A real checkpoint of the digits MLP after a few SGD steps."""
+    state = build_digits_state({"seed": 3, "hidden_size": 16}, torch.device("cpu"))
+    train_steps(state, 5)
+    directory = tmp_path_factory.mktemp("pristine") / "checkpoint_000004"
+    write_checkpoint(directory, state.state_dict(), metadata={"iteration": 5})
+    return directory
+
+
+def _read(fs: pafs.FileSystem, path: str) -> bytes:
+    with fs.open_input_stream(path) as stream:
+        return stream.read()
+
+
+def _write(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+def truncate(fs, path):
+    data = _read(fs, posixpath.join(path, STATE_FILE))
+    _write(fs, posixpath.join(path, STATE_FILE), data[: len(data) // 2])
+
+
+def flip_byte(fs, path):
+    file = posixpath.join(path, STATE_FILE)
+    data = bytearray(_read(fs, file))
+    data[len(data) // 2] ^= 0x01
+    _write(fs, file, bytes(data))
+
+
+def delete_file(fs, path):
+    fs.delete_file(posixpath.join(path, METADATA_FILE))
+
+
+def delete_manifest(fs, path):
+    fs.delete_file(posixpath.join(path, MANIFEST_FILE))
+
+
+def half_copy(fs, path):
+    """Replace the directory by what an interrupted copy leaves: files in name order, the last one cut."""
+    contents = {name: _read(fs, posixpath.join(path, name)) for name in FILES}
+    fs.delete_dir_contents(path)
+    _write(fs, posixpath.join(path, MANIFEST_FILE), contents[MANIFEST_FILE])
+    _write(fs, posixpath.join(path, STATE_FILE), contents[STATE_FILE][: len(contents[STATE_FILE]) // 3])
+
+
+FAULTS: dict[str, tuple[Callable, str]] = {
+    "truncated file": (truncate, "corrupt"),
+    "flipped byte": (flip_byte, "corrupt"),
+    "deleted file": (delete_file, "corrupt"),
+    "deleted manifest": (delete_manifest, "incomplete"),
+    "half-copied directory": (half_copy, "corrupt"),
+}
+
+
+@pytest.fixture(params=["local", "s3"])
+def place(request, tmp_path) -> Callable[[Path], Storage]:
+    """Put a copy of a checkpoint on local disk or on the S3 server; return where it is."""
+
+    def put(source: Path) -> Storage:
+        if request.param == "local":
+            target = tmp_path / source.name
+            shutil.copytree(source, target)
+            return resolve_storage(str(target))
+        bucket = request.getfixturevalue("s3_bucket")
+        storage = resolve_storage(bucket.uri("ckpts", source.name))
+        pafs.copy_files(str(source), storage.path, destination_filesystem=storage.filesystem)
+        return storage
+
+    return put
+
+
+def test_pristine_checkpoint_is_good_everywhere(pristine, place):
+    where = place(pristine)
+    assert verify_checkpoint(where).status == "good"
+    model = load_model(where, digits_model(16))
+    expected = read_state(pristine)["models"]
+    assert all(torch.equal(v, expected["model"][k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_each_fault_is_detected_by_verify_and_by_load(fault, pristine, place):
+    damage, expected_status = FAULTS[fault]
+    where = place(pristine)
+    damage(where.filesystem, where.path)
+    report = verify_checkpoint(where)
+    assert report.status == expected_status, report
+    assert report.problems and where.path.split("/")[-1] in report.path
+    with pytest.raises(CheckpointError, match=expected_status):
+        read_state(where)
+    with pytest.raises(CheckpointError):
+        load_model(where, digits_model(16))
+
+
+# -- property: any corruption of any file is detected ---------------------------------
+
+corruptions = st.one_of(
+    st.tuples(st.just("truncate"), st.sampled_from(FILES), st.floats(0, 0.999)),
+    st.tuples(st.just("flip"), st.sampled_from(FILES), st.tuples(st.floats(0, 0.999), st.integers(1, 255))),
+    st.tuples(st.just("delete"), st.sampled_from(FILES), st.none()),
+    st.tuples(st.just("append"), st.sampled_from(FILES), st.binary(min_size=1, max_size=64)),
+    st.tuples(st.just("insert"), st.sampled_from(FILES), st.tuples(st.floats(0, 1), st.binary(min_size=1, max_size=16))),
+    st.tuples(
+        st.just("overwrite"), st.sampled_from(FILES), st.tuples(st.floats(0, 0.999), st.binary(min_size=1, max_size=32))
+    ),
+)
+
+
+def _corrupt(directory: Path, kind: str, name: str, arg) -> bool:
+    """Apply one corruption; False if it happened to change nothing."""
+    file = directory / name
+    data = file.read_bytes()
+    if kind == "delete":
+        file.unlink()
+        return True
+    if kind == "truncate":
+        new = data[: int(arg * len(data))]
+    elif kind == "flip":
+        pos, mask = arg
+        new = bytearray(data)
+        new[int(pos * len(data))] ^= mask
+        new = bytes(new)
+    elif kind == "append":
+        new = data + arg
+    elif kind == "insert":
+        pos, extra = arg
+        cut = int(pos * len(data))
+        new = data[:cut] + extra + data[cut:]
+    else:
+        pos, patch = arg
+        start = int(pos * len(data))
+        new = data[:start] + patch + data[start + len(patch) :]
+        new = new[: max(len(data), start + len(patch))]
+    file.write_bytes(new)
+    return new != data
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(corruption=corruptions)
+# Changes that keep the JSON meaning: only the canonical-form check sees them.
+@example(corruption=("append", MANIFEST_FILE, b" "))
+@example(corruption=("flip", MANIFEST_FILE, (0.99999, 0x2A)))  # trailing newline -> space
+@example(corruption=("append", METADATA_FILE, b"\n"))
+def test_every_random_corruption_is_detected(pristine, corruption):
+    kind, name, arg = corruption
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp) / pristine.name
+        shutil.copytree(pristine, directory)
+        if not _corrupt(directory, kind, name, arg):
+            return  # e.g. overwriting bytes with the same bytes: nothing to detect
+        assert verify_checkpoint(directory).status in ("corrupt", "incomplete")
+        with pytest.raises(CheckpointError):
+            read_state(directory)

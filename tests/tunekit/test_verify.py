@@ -1,0 +1,143 @@
+"""`tunekit verify` on real experiments, local and on S3, and S3 runs end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ray import tune
+
+from tests.conftest import S3_SECRET
+from tests.tunekit.outage import S3Outage
+from tests.tunekit.test_integrity import delete_manifest, flip_byte
+from trainables import DigitsTrainable
+from tunekit import read_state, resolve_storage
+from tunekit.cli import main
+from tunekit.experiment_dir import find_trials
+
+CONFIG = {"hidden_size": 16, "batch_size": 32, "steps_per_iteration": 3, "checkpoint_every": 1}
+
+
+def _fit(base: str, name: str, *, stop: int = 3, callbacks=(), max_failures: int = 0):
+    return tune.Tuner(
+        DigitsTrainable,
+        param_space={**CONFIG, "seed": tune.grid_search([1, 2])},
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=base,
+            stop={"training_iteration": stop},
+            callbacks=list(callbacks),
+            failure_config=tune.FailureConfig(max_failures=max_failures),
+            verbose=0,
+        ),
+    ).fit()
+
+
+@pytest.fixture(params=["local", "s3"])
+def base(request, storage) -> str:
+    """What a user passes as ``storage_path``: a local path or an s3:// URI with options."""
+    if request.param == "local":
+        return str(storage)
+    return request.getfixturevalue("s3_bucket").uri("runs")
+
+
+def _experiment(base: str, name: str) -> str:
+    head, sep, query = base.partition("?")
+    return f"{head}/{name}" + (sep + query if sep else "")
+
+
+def test_verify_reports_every_checkpoint_and_exit_codes(ray_session, base, capsys):
+    grid = _fit(base, "exp")
+    assert not grid.errors
+    exp = _experiment(base, "exp")
+    assert main(["verify", exp]) == 0
+    out = capsys.readouterr().out
+    assert sum(line.endswith("  good") for line in out.splitlines()) == 6
+    assert "6 checkpoints in 2 trials: 6 good, 0 incomplete, 0 corrupt" in out
+
+    storage = resolve_storage(exp)
+    first, second = find_trials(storage)
+    flip_byte(storage.filesystem, first.checkpoints[1].location.path)
+    delete_manifest(storage.filesystem, second.checkpoints[0].location.path)
+    assert main(["verify", exp]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    bad = [line for line in lines if "good" not in line.split()[-1:] and "checkpoint_" in line]
+    assert any(first.name in l and "checkpoint_000001" in l and "corrupt: state.pt: SHA-256" in l for l in bad)
+    assert any(second.name in l and "checkpoint_000000" in l and "incomplete: no manifest.json" in l for l in bad)
+
+    assert main(["verify", exp, "--json"]) == 1
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["counts"] == {"good": 4, "incomplete": 1, "corrupt": 1, "unverified": 0}
+    assert not payload["ok"] and {c["iteration"] for c in payload["checkpoints"]} == {1, 2, 3}
+
+    # Results and checkpoints read back from the storage, through Ray and tunekit.
+    restored = tune.Tuner.restore(exp, DigitsTrainable).get_results()
+    for result in restored:
+        assert result.metrics_dataframe["training_iteration"].tolist() == [1, 2, 3]
+        assert read_state(result.checkpoint)["counters"]["iteration"] == 3
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "files-only"])
+def test_verify_refuses_what_is_not_an_experiment(make, storage, capsys):
+    target = storage / "x"
+    if make != "missing":
+        target.mkdir()
+    if make == "files-only":
+        (target / "notes.txt").write_text("hello")
+    assert main(["verify", str(target)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(target) in err
+    assert ("no such experiment directory" if make == "missing" else "not a Ray Tune experiment") in err
+
+
+def test_verify_missing_prefix_on_s3_is_not_an_experiment(s3_bucket, capsys):
+    assert main(["verify", s3_bucket.uri("nothing", "here")]) == 2
+    assert "no such experiment directory" in capsys.readouterr().err
+
+
+def _plain_ray_trainable(config):
+    import os
+    import tempfile
+
+    for i in range(2):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "weights.txt"), "w") as fh:
+                fh.write(str(i))
+            tune.report({"i": i}, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def test_verify_marks_foreign_checkpoints_unverified(ray_session, storage, capsys):
+    tune.Tuner(
+        _plain_ray_trainable, run_config=tune.RunConfig(name="plain", storage_path=str(storage), verbose=0)
+    ).fit()
+    assert main(["verify", str(storage / "plain")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("unverified: not a tunekit checkpoint") == 2 and "2 unverified" in out
+
+
+def test_s3_outage_during_a_run_loses_nothing(ray_session, s3_bucket, storage):
+    base = s3_bucket.uri("runs")
+    outage = S3Outage(s3_bucket.server, at=3, seconds=4)
+    grid = _fit(base, "outage", stop=8, callbacks=[outage], max_failures=2)
+    assert outage.happened
+    exp = _experiment(base, "outage")
+    if grid.errors:  # stopped with a clear error: resume it once the server is back
+        grid = tune.Tuner.restore(exp, DigitsTrainable, resume_errored=True).fit()
+    assert not grid.errors
+    reference = _fit(str(storage), "reference", stop=8)
+    for result in grid:
+        assert sorted(set(result.metrics_dataframe["training_iteration"])) == list(range(1, 9))
+        twin = next(r for r in reference if r.config["seed"] == result.config["seed"])
+        a, b = read_state(result.checkpoint), read_state(twin.checkpoint)
+        assert all(a["models"]["model"][k].equal(v) for k, v in b["models"]["model"].items())
+    assert main(["verify", exp]) == 0
+
+
+def test_credentials_never_reach_storage_or_output(ray_session, s3_bucket, capfd):
+    grid = _fit(s3_bucket.uri("runs"), "secret")
+    assert not grid.errors
+    assert main(["verify", _experiment(s3_bucket.uri("runs"), "secret")]) == 0
+    for key in s3_bucket.keys():
+        assert S3_SECRET.encode() not in s3_bucket.read(key), key
+    out, err = capfd.readouterr()
+    assert S3_SECRET not in out + err
