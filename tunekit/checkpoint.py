@@ -58,6 +58,7 @@ __all__ = [
     "STATE_FILE",
     "CheckpointLocation",
     "CheckpointReport",
+    "confirm_upload",
     "is_tunekit_checkpoint",
     "load_model",
     "local_checkpoint",
@@ -271,6 +272,45 @@ def verify_checkpoint(location: CheckpointLocation) -> CheckpointReport:
     """
     where = _locate(location)
     return _storage_call(where, "verify", _verify, where.filesystem, where.path, where.uri)
+
+
+def _check_listing(fs: pafs.FileSystem, path: str, shown: str) -> list[str]:
+    raw = _read_bytes(fs, posixpath.join(path, MANIFEST_FILE))
+    if raw is None:
+        return [f"no {MANIFEST_FILE}"]
+    try:
+        files = _parse_manifest(raw)
+    except (ValueError, TypeError) as exc:
+        return [f"{MANIFEST_FILE} is damaged: {exc}"]
+    listed = {
+        posixpath.relpath(info.path, path): info.size
+        for info in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        if info.type == pafs.FileType.File
+    }
+    problems = []
+    for rel, entry in sorted(files.items()):
+        if rel not in listed:
+            problems.append(f"{rel}: missing")
+        elif listed[rel] != entry["size"]:
+            problems.append(f"{rel}: {listed[rel]} bytes, manifest says {entry['size']}")
+    return problems
+
+
+def confirm_upload(location: CheckpointLocation) -> None:
+    """Cheaply confirm that a checkpoint arrived whole: every file, every size.
+
+    One read of the manifest and one listing, no data read: it catches an
+    upload that lost or cut a file without saying so.
+
+    Raises:
+        CheckpointError: a file is missing or has the wrong size.
+    """
+    where = _locate(location)
+    problems = _storage_call(where, "check", _check_listing, where.filesystem, where.path, where.uri)
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {where.uri} did not arrive whole on storage: {'; '.join(problems)}"
+        )
 
 
 def is_tunekit_checkpoint(location: CheckpointLocation) -> bool:

@@ -49,6 +49,7 @@ from tunekit.errors import ConfigError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.state import TrainingState
 from tunekit.trial_checkpoint import (
+    confirm_remote_upload,
     prepare_restore,
     remove_temps,
     restore_trial_state,
@@ -197,6 +198,7 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
             try:
                 self._tunekit_saver(directory)
                 result = self._report_class_trainable_checkpoint(directory, directory)
+                confirm_remote_upload(result)
             finally:
                 if not checkpoint_dir and self._storage:
                     shutil.rmtree(directory, ignore_errors=True)

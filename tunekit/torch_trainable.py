@@ -16,6 +16,7 @@ from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.rng import seed_everything
 from tunekit.state import TrainingState
 from tunekit.trial_checkpoint import (
+    confirm_remote_upload,
     prepare_restore,
     remove_temps,
     restore_trial_state,
@@ -114,6 +115,7 @@ class TorchTrainable(tune.Trainable):
         if self._saved is not None and self._saved[0] == self.iteration and not checkpoint_dir:
             return self._saved[1]
         result = super().save(checkpoint_dir)
+        confirm_remote_upload(result)
         self._saved = (self.iteration, result)
         return result
 

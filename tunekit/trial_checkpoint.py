@@ -23,6 +23,7 @@ from ray.train._internal.checkpoint_manager import _TrainingResult
 
 from tunekit.checkpoint import (
     CheckpointReport,
+    confirm_upload,
     read_metadata,
     read_state,
     verify_checkpoint,
@@ -33,7 +34,13 @@ from tunekit.device import trial_device
 from tunekit.hparams import changed_hyperparameters
 from tunekit.state import TrainingState
 
-__all__ = ["prepare_restore", "restore_trial_state", "save_trial_state"]
+__all__ = [
+    "confirm_remote_upload",
+    "prepare_restore",
+    "remove_temps",
+    "restore_trial_state",
+    "save_trial_state",
+]
 
 logger = logging.getLogger("tunekit")
 _CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
@@ -178,3 +185,17 @@ def remove_temps(temps: list[str]) -> None:
     """Remove temporary directories made by :func:`prepare_restore`."""
     while temps:
         shutil.rmtree(temps.pop(), ignore_errors=True)
+
+
+def confirm_remote_upload(result: Any) -> None:
+    """After Tune uploaded a checkpoint to remote storage, confirm it arrived whole.
+
+    An upload interrupted by a storage outage has been seen to leave a
+    checkpoint without its ``state.pt`` while Tune reported success; raising
+    here fails the trial (which Tune retries from its last good checkpoint)
+    instead of registering a checkpoint that cannot be restored.
+    """
+    checkpoint = getattr(result, "checkpoint", None)
+    if checkpoint is None or isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        return
+    confirm_upload(checkpoint)

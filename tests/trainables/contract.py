@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
 import ray
 import torch
 from ray import tune
+
+from tests.faults import flip_byte
 
 
 
@@ -79,14 +83,6 @@ class KillActorOnce(tune.Callback):
             ray.kill(trial.temporary_state.ray_actor)
 
 
-def flip_byte(checkpoint_dir: str, name: str = "state.pt") -> None:
-    """Damage one byte of a checkpoint file in place."""
-    file = Path(checkpoint_dir) / name
-    data = bytearray(file.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    file.write_bytes(bytes(data))
-
-
 class DamageAndKill(tune.Callback):
     """At iteration ``at``: damage the trial's newest ``damage`` checkpoints, then kill its worker."""
 
@@ -96,11 +92,12 @@ class DamageAndKill(tune.Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         if self.damaged or result["training_iteration"] != self.at:
             return
-        trial_dir = Path(trial.storage.trial_fs_path)
-        newest = sorted(trial_dir.glob("checkpoint_*"))[-self.damage :]
-        for directory in newest:
-            flip_byte(str(directory))
-            self.damaged.append(directory.name)
+        fs, trial_dir = trial.storage.storage_filesystem, trial.storage.trial_fs_path
+        found = fs.get_file_info(pafs.FileSelector(trial_dir))
+        names = sorted(i.base_name for i in found if i.base_name.startswith("checkpoint_"))
+        for name in names[-self.damage :]:
+            flip_byte(fs, posixpath.join(trial_dir, name))
+            self.damaged.append(name)
         ray.kill(trial.temporary_state.ray_actor)
 
 

@@ -94,6 +94,18 @@ def test_damaged_checkpoint_falls_back_to_newest_good_one(ray_session, trainable
     )
 
 
+def test_damaged_checkpoint_on_s3_falls_back(ray_session, trainable, s3_bucket):
+    damage = DamageAndKill(at=5)
+    restored = _fit(
+        trainable, s3_bucket.uri("runs"), "s3fallback", callbacks=[damage], max_failures=2,
+        stop=6, checkpoint_frequency=2,
+    )[0]
+    assert damage.damaged == ["checkpoint_000001"]
+    assert sorted(restored.metrics_dataframe["training_iteration"]) == [1, 2, 3, 3, 4, 4, 5, 5, 6]
+    assert worker_logs_mention("s3fallback/") and worker_logs_mention("restoring from " + s3_bucket.name)
+    assert read_state(restored.checkpoint)["counters"]["iteration"] == 6
+
+
 def test_no_good_checkpoint_to_fall_back_to_fails_clearly(ray_session, trainable, storage):
     damage = DamageAndKill(at=5, damage=2)
     grid = _fit(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import posixpath
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,10 +22,10 @@ from tunekit import (
     verify_checkpoint,
     write_checkpoint,
 )
-from tunekit.checkpoint import MANIFEST_FILE, METADATA_FILE, STATE_FILE
+from tunekit.checkpoint import MANIFEST_FILE, METADATA_FILE, confirm_upload
 from tunekit.storage import Storage
+from tests.faults import FILES, delete_file, delete_manifest, flip_byte, half_copy, truncate
 
-FILES = (STATE_FILE, METADATA_FILE, MANIFEST_FILE)
 
 
 @pytest.fixture(scope="module")
@@ -37,44 +36,6 @@ def pristine(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("pristine") / "checkpoint_000004"
     write_checkpoint(directory, state.state_dict(), metadata={"iteration": 5})
     return directory
-
-
-def _read(fs: pafs.FileSystem, path: str) -> bytes:
-    with fs.open_input_stream(path) as stream:
-        return stream.read()
-
-
-def _write(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    with fs.open_output_stream(path) as out:
-        out.write(data)
-
-
-def truncate(fs, path):
-    data = _read(fs, posixpath.join(path, STATE_FILE))
-    _write(fs, posixpath.join(path, STATE_FILE), data[: len(data) // 2])
-
-
-def flip_byte(fs, path):
-    file = posixpath.join(path, STATE_FILE)
-    data = bytearray(_read(fs, file))
-    data[len(data) // 2] ^= 0x01
-    _write(fs, file, bytes(data))
-
-
-def delete_file(fs, path):
-    fs.delete_file(posixpath.join(path, METADATA_FILE))
-
-
-def delete_manifest(fs, path):
-    fs.delete_file(posixpath.join(path, MANIFEST_FILE))
-
-
-def half_copy(fs, path):
-    """Replace the directory by what an interrupted copy leaves: files in name order, the last one cut."""
-    contents = {name: _read(fs, posixpath.join(path, name)) for name in FILES}
-    fs.delete_dir_contents(path)
-    _write(fs, posixpath.join(path, MANIFEST_FILE), contents[MANIFEST_FILE])
-    _write(fs, posixpath.join(path, STATE_FILE), contents[STATE_FILE][: len(contents[STATE_FILE]) // 3])
 
 
 FAULTS: dict[str, tuple[Callable, str]] = {
@@ -184,3 +145,13 @@ def test_every_random_corruption_is_detected(pristine, corruption):
         assert verify_checkpoint(directory).status in ("corrupt", "incomplete")
         with pytest.raises(CheckpointError):
             read_state(directory)
+
+
+@pytest.mark.parametrize("fault", ["truncated file", "deleted file", "deleted manifest", "half-copied directory"])
+def test_confirm_upload_catches_a_checkpoint_that_did_not_arrive_whole(fault, pristine, s3_bucket):
+    where = resolve_storage(s3_bucket.uri("ckpts", pristine.name))
+    pafs.copy_files(str(pristine), where.path, destination_filesystem=where.filesystem)
+    confirm_upload(where)  # whole: no error
+    FAULTS[fault][0](where.filesystem, where.path)
+    with pytest.raises(CheckpointError, match="did not arrive whole"):
+        confirm_upload(where)
