@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Callable, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from tunekit.errors import TunekitError
 
@@ -94,6 +94,97 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _format_table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def _short(value: Any, width: int = 12) -> str:
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= width else text[: width - 1] + "~"
+
+
+def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None:
+    import time as _time
+
+    started = (
+        _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(snapshot.start_time))
+        if snapshot.start_time
+        else "unknown"
+    )
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(snapshot.counts().items())) or "no trials"
+    print(f"experiment {snapshot.name} at {snapshot.location}")
+    print(f"started {started}; state file {snapshot.state_file or 'none'}; {len(snapshot.trials)} trials: {counts}")
+    keys: list[str] = []
+    for trial in snapshot.trials:
+        for key, value in trial.config.items():
+            if key not in keys and not isinstance(value, (dict, list)):
+                keys.append(key)
+    varying = [k for k in keys if len({repr(t.config.get(k)) for t in snapshot.trials}) > 1][:5]
+    headers = ["trial_id", "status", "iter", *( [metric] if metric else []), *varying, "ckpts", "error"]
+    rows = []
+    for trial in snapshot.trials:
+        row = [trial.trial_id, trial.status, str(trial.iterations)]
+        if metric:
+            value = trial.metric(metric)
+            row.append("-" if value is None else _short(value))
+        row += [_short(trial.config.get(k, "-")) for k in varying]
+        row += [str(len(trial.checkpoints)), _short(trial.error or "", 60)]
+        rows.append(row)
+    print(_format_table(headers, rows))
+    if metric and mode:
+        best = snapshot.best_trial(metric, mode)
+        if best is None:
+            print(f"no trial reported {metric!r}")
+        else:
+            print(f"best trial for {metric} ({mode}): {best.trial_id} {metric}={_short(best.metric(metric))}")
+            scored = [c for c in best.checkpoints if isinstance(c.metrics.get(metric), (int, float))]
+            pick = max if mode == "max" else min
+            chosen = pick(scored, key=lambda c: c.metrics[metric]) if scored else (best.checkpoints or [None])[-1]
+            if chosen is not None:
+                print(f"best checkpoint: {chosen.uri}")
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from tunekit.snapshot import read_experiment
+
+    if bool(args.metric) != bool(args.mode):
+        raise _UsageError("tunekit status: --metric and --mode go together")
+    snapshot = read_experiment(args.experiment)
+    if args.json:
+        payload = snapshot.as_dict()
+        if args.metric:
+            best = snapshot.best_trial(args.metric, args.mode)
+            payload["best_trial"] = best.trial_id if best else None
+        print(json.dumps(payload, indent=1, default=str))
+    else:
+        _print_snapshot(snapshot, args.metric, args.mode)
+    if snapshot.damaged:
+        print(f"tunekit status: {snapshot.location}: damaged: {'; '.join(snapshot.problems)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    from tunekit.resume import resume_experiment
+
+    summary = resume_experiment(
+        args.experiment,
+        trainable=args.trainable,
+        resume_errored=args.resume_errored,
+        restart_errored=args.restart_errored,
+        cpus=args.cpus,
+    )
+    _print_snapshot(summary.after, None, None)
+    before = ", ".join(f"{n} {s}" for s, n in sorted(summary.before.items()))
+    after = ", ".join(f"{n} {s}" for s, n in sorted(summary.after.counts().items()))
+    print(f"resumed {summary.experiment}: before {before}; now {after}")
+    return 0 if summary.ok else 1
+
+
 def _build_parser() -> _Parser:
     parser = _Parser(
         prog="tunekit",
@@ -129,6 +220,38 @@ def _build_parser() -> _Parser:
     verify.add_argument("experiment", metavar="EXP", help="experiment directory or URI")
     verify.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     verify.set_defaults(func=_cmd_verify)
+
+    status = sub.add_parser(
+        "status",
+        help="show an experiment's trials, states, results and checkpoints",
+        description=(
+            "Read experiment EXP (a Ray Tune experiment directory, local or a URI) "
+            "without Ray and without unpickling anything, and show its trials: id, "
+            "status, iterations, configs that vary, checkpoints, errors."
+        ),
+    )
+    status.add_argument("experiment", metavar="EXP", help="experiment directory or URI")
+    status.add_argument("--json", action="store_true", help="print JSON for scripts")
+    status.add_argument("--metric", default=None, help="metric to show and pick the best trial by")
+    status.add_argument("--mode", choices=("max", "min"), default=None, help="whether --metric is better high or low")
+    status.set_defaults(func=_cmd_status)
+
+    resume = sub.add_parser(
+        "resume",
+        help="resume an interrupted experiment with Tuner.restore and run it to the end",
+        description=(
+            "Restore experiment EXP with Tuner.restore (unfinished trials continue from "
+            "their last checkpoint) and run it to completion. The trainable is found "
+            "from what the experiment recorded, or given with --trainable."
+        ),
+    )
+    resume.add_argument("experiment", metavar="EXP", help="experiment directory or URI")
+    errored = resume.add_mutually_exclusive_group()
+    errored.add_argument("--resume-errored", action="store_true", help="resume errored trials from their last checkpoint")
+    errored.add_argument("--restart-errored", action="store_true", help="restart errored trials from scratch")
+    resume.add_argument("--trainable", default=None, metavar="MODULE:ATTR", help="the trainable, e.g. trainables:DigitsTrainable")
+    resume.add_argument("--cpus", type=_int_at_least(1), default=None, help="CPUs of the local Ray (default: all)")
+    resume.set_defaults(func=_cmd_resume)
     return parser
 
 
@@ -145,6 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args))
+    except _UsageError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
     except TunekitError as exc:
         print(f"tunekit {args.command}: {exc}", file=sys.stderr)
         return 2

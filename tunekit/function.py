@@ -84,7 +84,8 @@ class FunctionSession:
         mutable: Hyperparameters that may change in place (default ``lr``,
             ``momentum``, ``weight_decay``, ``batch_size``).
         apply: How to apply changed hyperparameters (default handles those four).
-        name: Name recorded in the checkpoint metadata.
+        name: Name recorded in the checkpoint metadata (default: the training
+            function's ``module:qualname``, which ``tunekit resume`` imports).
     """
 
     def __init__(
@@ -94,7 +95,7 @@ class FunctionSession:
         config: Mapping[str, Any] | None = None,
         mutable: tuple[str, ...] = DEFAULT_MUTABLE,
         apply: Callable[[dict[str, Any]], None] | None = None,
-        name: str = "function",
+        name: str | None = None,
     ) -> None:
         if not isinstance(state, TrainingState):
             raise ConfigError(
@@ -104,6 +105,10 @@ class FunctionSession:
         self.config = dict(config or {})
         self.mutable = tuple(mutable)
         self._apply = apply or self._default_apply
+        adapter = getattr(_current, "adapter", None)
+        if name is None:
+            fn = getattr(type(adapter), "_train_fn", None) if adapter is not None else None
+            name = f"{fn.__module__}:{fn.__qualname__}" if fn is not None else "function"
         self.name = name
         self.restored_from: str | None = None
         checkpoint = tune.get_checkpoint()
@@ -113,7 +118,6 @@ class FunctionSession:
                     directory, state, config=self.config, mutable=self.mutable, apply=self._apply
                 )
             self.restored_from = checkpoint.path
-        adapter = getattr(_current, "adapter", None)
         if adapter is not None:
             adapter._tunekit_saver = self.save
 

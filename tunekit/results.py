@@ -1,0 +1,69 @@
+"""Read a trial's ``result.json`` (one JSON object per line) safely, deduplicated.
+
+A trial restored from a checkpoint runs the iterations after it again, so its
+``result.json`` holds them twice. :func:`dedupe_lineage` keeps the lineage that
+went on: when an iteration number repeats, the rows it supersedes are dropped.
+
+Example:
+    >>> rows = [{"training_iteration": i} for i in (1, 2, 3, 2, 3, 4)]
+    >>> [r["training_iteration"] for r in dedupe_lineage(rows)]
+    [1, 2, 3, 4]
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow
+import pyarrow.fs as pafs
+
+from tunekit.errors import StorageError
+
+__all__ = ["dedupe_lineage", "parse_result_lines", "read_text"]
+
+
+def read_text(fs: pafs.FileSystem, path: str) -> str | None:
+    """A file's text, or None if there is no such file; storage errors are raised."""
+    try:
+        if fs.get_file_info(path).type != pafs.FileType.File:
+            return None
+        with fs.open_input_stream(path) as stream:
+            return stream.read().decode("utf-8", errors="replace")
+    except (OSError, pyarrow.ArrowException) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageError(f"cannot read {path}: {first}") from None
+
+
+def parse_result_lines(text: str) -> tuple[list[dict[str, Any]], int]:
+    """Rows of a ``result.json``; a torn or damaged line is skipped and counted.
+
+    Returns:
+        The rows, and how many lines could not be read.
+    """
+    rows, bad = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    return rows, bad
+
+
+def dedupe_lineage(rows: list[dict[str, Any]], key: str = "training_iteration") -> list[dict[str, Any]]:
+    """Keep each iteration once: the row of the lineage that went on."""
+    kept: list[dict[str, Any]] = []
+    for row in rows:
+        it = row.get(key)
+        if isinstance(it, (int, float)):
+            while kept and isinstance(kept[-1].get(key), (int, float)) and kept[-1][key] >= it:
+                kept.pop()
+        kept.append(row)
+    return kept

@@ -1,0 +1,207 @@
+"""Resume an interrupted experiment: find its trainable, ``Tuner.restore``, run to the end.
+
+The trainable is found, in this order, from:
+
+1. ``trainable="module:attr"`` given by the caller;
+2. the ``trainable`` recorded in ``tunekit.json`` of the experiment's
+   checkpoints (tunekit trainables record their ``module:qualname``);
+3. the references in ``tuner.pkl`` whose name is the recorded
+   ``trainable_name``, found by reading the pickle's opcodes (never loading it).
+
+A function found this way that is not a Tune trainable class is wrapped with
+:func:`tunekit.function_trainable` if it uses a :class:`~tunekit.FunctionSession`
+(tunekit records those), and handed to Tune as is otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickletools
+import posixpath
+import sys
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from tunekit.checkpoint import read_metadata
+from tunekit.errors import CheckpointError, ConfigError, ExperimentError
+from tunekit.snapshot import ExperimentSnapshot, read_experiment
+from tunekit.storage import Storage, resolve_storage
+
+__all__ = ["ResumeSummary", "find_trainable", "import_trainable", "resume_experiment"]
+
+
+def import_trainable(spec: str) -> Any:
+    """Import ``module:attr`` (``attr`` may be dotted).
+
+    Raises:
+        ConfigError: malformed, or the module or attribute does not exist.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"trainable {spec!r}: expected module:attr, e.g. trainables:DigitsTrainable")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"trainable {spec!r}: cannot import {module_name} ({exc})") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"trainable {spec!r}: {module_name} has no attribute {attr}") from None
+    return obj
+
+
+def _pickle_globals(data: bytes) -> list[tuple[str, str]]:
+    """(module, name) references in a pickle, read from its opcodes; nothing is executed."""
+    found, strings = [], []
+    try:
+        for opcode, arg, _ in pickletools.genops(data):
+            if opcode.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
+                strings.append(arg)
+            elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                found.append((strings[-2], strings[-1]))
+            elif opcode.name == "GLOBAL" and isinstance(arg, str):
+                module, _, name = arg.partition(" ")
+                found.append((module, name))
+    except Exception:  # a damaged pickle: use what was read up to there
+        pass
+    return found
+
+
+def _recorded_trainables(snapshot: ExperimentSnapshot) -> list[str]:
+    specs = []
+    for trial in snapshot.trials:
+        for ckpt in reversed(trial.checkpoints):
+            try:
+                spec = read_metadata(ckpt.uri).get("trainable")
+            except CheckpointError:
+                continue
+            if isinstance(spec, str) and ":" in spec and spec not in specs:
+                specs.append(spec)
+            break
+    return specs
+
+
+def _as_trainable(obj: Any) -> Any:
+    from ray.tune import Trainable
+
+    if isinstance(obj, type) and issubclass(obj, Trainable):
+        return obj
+    if callable(obj):
+        import inspect
+
+        from tunekit.function import function_trainable
+
+        try:
+            source = inspect.getsource(obj)
+        except (OSError, TypeError):
+            source = ""
+        return function_trainable(obj) if "FunctionSession" in source else obj
+    raise ConfigError(f"{obj!r} is not a Tune trainable (a Trainable class or a function)")
+
+
+def find_trainable(experiment: Storage, snapshot: ExperimentSnapshot, spec: str | None = None) -> tuple[Any, str]:
+    """The trainable to resume ``experiment`` with, and where it was found."""
+    if spec:
+        return _as_trainable(import_trainable(spec)), spec
+    for recorded in _recorded_trainables(snapshot):
+        try:
+            return _as_trainable(import_trainable(recorded)), f"{recorded} (recorded in its checkpoints)"
+        except ConfigError:
+            continue
+    names = {t.trainable_name for t in snapshot.trials if t.trainable_name}
+    raw = None
+    path = posixpath.join(experiment.path, "tuner.pkl")
+    if experiment.filesystem.get_file_info(path).type.name == "File":
+        with experiment.filesystem.open_input_stream(path) as stream:
+            raw = stream.read()
+    if raw and names:
+        for module, name in _pickle_globals(raw):
+            if name.split(".")[-1] in names and not module.startswith(("ray.", "builtins", "__main__")):
+                spec = f"{module}:{name}"
+                try:
+                    return _as_trainable(import_trainable(spec)), f"{spec} (referenced by tuner.pkl)"
+                except ConfigError:
+                    continue
+    shown = ", ".join(sorted(names)) or "unknown"
+    raise ConfigError(
+        f"cannot tell which trainable ran {experiment.uri} (trainable name: {shown}); "
+        "pass --trainable module:attr"
+    )
+
+
+@dataclass
+class ResumeSummary:
+    """What ``tunekit resume`` did."""
+
+    experiment: str
+    trainable: str
+    before: dict[str, int]
+    after: ExperimentSnapshot
+
+    @property
+    def ok(self) -> bool:
+        return all(t.status == "TERMINATED" for t in self.after.trials)
+
+
+def resume_experiment(
+    location: str | Storage,
+    *,
+    trainable: str | None = None,
+    resume_errored: bool = False,
+    restart_errored: bool = False,
+    cpus: int | None = None,
+    stream: TextIO | None = None,
+) -> ResumeSummary:
+    """Restore the experiment at ``location`` with ``Tuner.restore`` and run it to the end.
+
+    Args:
+        location: The experiment directory (path or URI).
+        trainable: ``module:attr`` of the trainable (default: found, see module doc).
+        resume_errored: Resume errored trials from their last checkpoint.
+        restart_errored: Restart errored trials from scratch.
+        cpus: CPUs of the local Ray started when none is running.
+        stream: Where progress goes (default stdout).
+
+    Raises:
+        ExperimentError: not an experiment, or its state cannot be read.
+        ConfigError: conflicting options, or no trainable can be found.
+    """
+    out = stream or sys.stdout
+    if resume_errored and restart_errored:
+        raise ConfigError("resume: --resume-errored and --restart-errored exclude each other")
+    experiment = resolve_storage(location)
+    before = read_experiment(experiment)
+    if before.state_file is None:
+        raise ExperimentError(f"{experiment.uri}: no experiment_state-*.json, so Ray Tune cannot restore it")
+    damaged = [p for p in before.problems if p.startswith("experiment_state")]
+    if damaged:
+        raise ExperimentError(f"{experiment.uri}: {damaged[0]}; Ray Tune cannot restore from it")
+    obj, found = find_trainable(experiment, before, trainable)
+
+    import ray
+    from ray import tune
+
+    counts = before.counts()
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    print(f"resuming {experiment.uri}: {len(before.trials)} trials ({summary})", file=out)
+    print(f"trainable: {found}", file=out, flush=True)
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        started = True
+    try:
+        tuner = tune.Tuner.restore(
+            experiment.path,
+            obj,
+            resume_unfinished=True,
+            resume_errored=resume_errored,
+            restart_errored=restart_errored,
+            storage_filesystem=experiment.filesystem,
+        )
+        tuner.fit()
+    finally:
+        if started:
+            ray.shutdown()
+    after = read_experiment(experiment)
+    return ResumeSummary(experiment.uri, found, counts, after)

@@ -1,0 +1,357 @@
+"""Read a Ray Tune experiment directory without Ray and without unpickling anything.
+
+Works on experiments written by tunekit and by plain Ray Tune, local or on any
+storage :func:`tunekit.resolve_storage` accepts. Sources, all plain JSON:
+
+* the newest ``experiment_state-*.json``: trial ids, configs, statuses, last
+  results, failure counts. Ray embeds cloudpickle blobs in it (storage
+  context, placement groups, checkpoint manager); they are skipped, never
+  decoded;
+* each trial directory: ``params.json``, ``result.json`` (every iteration,
+  deduplicated after restores), ``error.txt`` and ``checkpoint_*``
+  directories (with ``tunekit.json`` when tunekit wrote them).
+
+``tuner.pkl``, ``*.pkl`` searcher and callback states, ``params.pkl`` and
+``error.pkl`` are never opened.
+
+Example:
+    >>> import tempfile
+    >>> read_experiment(tempfile.mkdtemp())  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    tunekit.errors.ExperimentError: ...: not a Ray Tune experiment directory ...
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pyarrow.fs as pafs
+
+from tunekit.checkpoint import read_metadata
+from tunekit.errors import CheckpointError, ConfigError
+from tunekit.experiment_dir import TrialDir, find_trials
+from tunekit.results import dedupe_lineage, parse_result_lines, read_text
+from tunekit.storage import Storage, resolve_storage
+
+__all__ = [
+    "STATUSES",
+    "CheckpointSummary",
+    "ExperimentSnapshot",
+    "TrialSnapshot",
+    "read_experiment",
+]
+
+STATUSES = ("PENDING", "RUNNING", "PAUSED", "TERMINATED", "ERROR")
+_PICKLED = "CLOUDPICKLE_FALLBACK"
+
+
+def _clean(value: Any) -> Any:
+    """JSON from Ray's encoder with its pickled blobs replaced by a marker."""
+    if isinstance(value, dict):
+        if value.get("_type") == _PICKLED:
+            return "<pickled: not read>"
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+@dataclass
+class CheckpointSummary:
+    """One checkpoint of a trial."""
+
+    name: str
+    uri: str
+    iteration: int | None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "uri": self.uri, "iteration": self.iteration, "metrics": self.metrics}
+
+
+@dataclass
+class TrialSnapshot:
+    """What the experiment directory says about one trial."""
+
+    trial_id: str
+    name: str
+    trainable_name: str | None
+    config: dict[str, Any]
+    status: str
+    iterations: int
+    last_result: dict[str, Any]
+    error: str | None
+    num_failures: int
+    checkpoints: list[CheckpointSummary]
+    results: list[dict[str, Any]] = field(repr=False, default_factory=list)
+
+    def metric(self, name: str, scope: Literal["last", "max", "min", "avg"] = "last") -> float | None:
+        """The trial's value of ``name``: its last, best or mean over iterations."""
+        if scope == "last":
+            values = [self.last_result.get(name)]
+        else:
+            values = [row.get(name) for row in self.results]
+        numbers = [
+            float(v) for v in values
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        ]
+        if not numbers:
+            return None
+        if scope == "max":
+            return max(numbers)
+        if scope == "min":
+            return min(numbers)
+        if scope == "avg":
+            return sum(numbers) / len(numbers)
+        return numbers[-1]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "trial_id": self.trial_id,
+            "name": self.name,
+            "trainable_name": self.trainable_name,
+            "config": self.config,
+            "status": self.status,
+            "iterations": self.iterations,
+            "last_result": self.last_result,
+            "error": self.error,
+            "num_failures": self.num_failures,
+            "checkpoints": [c.as_dict() for c in self.checkpoints],
+        }
+
+
+@dataclass
+class ExperimentSnapshot:
+    """An experiment as read from its directory."""
+
+    name: str
+    location: str
+    start_time: float | None
+    state_file: str | None
+    trials: list[TrialSnapshot]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def damaged(self) -> bool:
+        """True when a state or result file could not be read whole."""
+        return bool(self.problems)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for trial in self.trials:
+            out[trial.status] = out.get(trial.status, 0) + 1
+        return out
+
+    def best_trial(
+        self,
+        metric: str,
+        mode: Literal["max", "min"],
+        *,
+        scope: Literal["last", "max", "min", "avg"] = "last",
+    ) -> TrialSnapshot | None:
+        """The trial with the best ``metric`` (None if no trial reported it)."""
+        if mode not in ("max", "min"):
+            raise ConfigError(f"best_trial(mode={mode!r}): expected 'max' or 'min'")
+        scored = [(t.metric(metric, scope), t) for t in self.trials]
+        scored = [(v, t) for v, t in scored if v is not None]
+        if not scored:
+            return None
+        pick = max if mode == "max" else min
+        return pick(scored, key=lambda pair: pair[0])[1]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "location": self.location,
+            "start_time": self.start_time,
+            "state_file": self.state_file,
+            "counts": self.counts(),
+            "problems": self.problems,
+            "trials": [t.as_dict() for t in self.trials],
+        }
+
+
+def _state_files(experiment: Storage) -> list[pafs.FileInfo]:
+    infos = experiment.filesystem.get_file_info(pafs.FileSelector(experiment.path))
+    return sorted(
+        (
+            i for i in infos
+            if i.type == pafs.FileType.File
+            and i.base_name.startswith("experiment_state")
+            and i.base_name.endswith(".json")
+        ),
+        key=lambda i: i.base_name,
+    )
+
+
+def _read_state(experiment: Storage, problems: list[str]) -> tuple[str | None, dict[str, Any]]:
+    files = _state_files(experiment)
+    if not files:
+        return None, {}
+    newest = files[-1]
+    text = read_text(experiment.filesystem, newest.path) or ""
+    try:
+        state = json.loads(text)
+        if not isinstance(state, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        problems.append(f"{newest.base_name} is damaged ({exc}); showing what the trial directories say")
+        return newest.base_name, {}
+    return newest.base_name, state
+
+
+def _trials_from_state(state: dict[str, Any], problems: list[str]) -> dict[str, dict[str, Any]]:
+    """relative_logdir -> {trial fields, runtime fields} from the state file."""
+    out = {}
+    for entry in state.get("trial_data") or []:
+        try:
+            trial_json, runtime_json = entry
+            trial = json.loads(trial_json) if isinstance(trial_json, str) else dict(trial_json)
+            runtime = json.loads(runtime_json) if isinstance(runtime_json, str) else dict(runtime_json)
+        except (ValueError, TypeError) as exc:
+            problems.append(f"a trial entry of the state file is damaged ({exc})")
+            continue
+        key = trial.get("relative_logdir") or trial.get("trial_id")
+        out[str(key)] = {"trial": trial, "runtime": runtime}
+    return out
+
+
+def _error_message(text: str | None) -> str | None:
+    if not text:
+        return None
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def _read_trial_dir(
+    experiment: Storage, trial: TrialDir, problems: list[str]
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str | None]:
+    fs = experiment.filesystem
+    params_text = read_text(fs, posixpath.join(trial.location.path, "params.json"))
+    params = None
+    if params_text:
+        try:
+            params = json.loads(params_text)
+        except ValueError:
+            problems.append(f"{trial.name}/params.json is damaged")
+    results_text = read_text(fs, posixpath.join(trial.location.path, "result.json")) or ""
+    rows, bad = parse_result_lines(results_text)
+    if bad:
+        problems.append(f"{trial.name}/result.json: {bad} damaged line(s) skipped")
+    error = _error_message(read_text(fs, posixpath.join(trial.location.path, "error.txt")))
+    return params, rows, error
+
+
+def _checkpoints(trial: TrialDir, raw_rows: list[dict[str, Any]]) -> list[CheckpointSummary]:
+    by_name = {}
+    for row in raw_rows:  # the newest row naming a checkpoint wins
+        name = row.get("checkpoint_dir_name")
+        if isinstance(name, str):
+            by_name[name] = row
+    out = []
+    for ckpt in trial.checkpoints:
+        row = by_name.get(ckpt.name, {})
+        iteration = row.get("training_iteration")
+        try:
+            meta_iteration = read_metadata(ckpt.location).get("iteration")
+        except CheckpointError:
+            meta_iteration = None
+        if isinstance(meta_iteration, int):
+            iteration = meta_iteration
+        metrics = {
+            k: v for k, v in row.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "training_iteration"
+        }
+        out.append(CheckpointSummary(ckpt.name, ckpt.location.uri, iteration, metrics))
+    return out
+
+
+def _infer_status(rows: list[dict[str, Any]], error: str | None) -> str:
+    if error:
+        return "ERROR"
+    if not rows:
+        return "PENDING"
+    return "TERMINATED" if rows[-1].get("done") else "RUNNING"
+
+
+def read_experiment(location: str | Storage, *, filesystem: Any = None) -> ExperimentSnapshot:
+    """Read the experiment at ``location``: trials, statuses, results, checkpoints.
+
+    A damaged state or result file does not stop the reading: what can be read
+    is returned and :attr:`ExperimentSnapshot.problems` says what could not.
+
+    Raises:
+        ExperimentError: ``location`` is not an experiment directory.
+        StorageError: the storage cannot be read.
+    """
+    experiment = resolve_storage(location, filesystem=filesystem)
+    trial_dirs = find_trials(experiment)
+    problems: list[str] = []
+    state_file, state = _read_state(experiment, problems)
+    recorded = _trials_from_state(state, problems)
+    start_time = (state.get("stats") or {}).get("start_time")
+
+    trials = []
+    seen = set()
+    for trial_dir in trial_dirs:
+        seen.add(trial_dir.name)
+        entry = recorded.get(trial_dir.name, {})
+        trial, runtime = entry.get("trial", {}), entry.get("runtime", {})
+        params, raw_rows, error = _read_trial_dir(experiment, trial_dir, problems)
+        rows = dedupe_lineage(raw_rows)
+        last = _clean(runtime.get("last_result")) or (rows[-1] if rows else {})
+        if rows and rows[-1].get("training_iteration", 0) >= last.get("training_iteration", 0):
+            last = rows[-1]
+        status = trial.get("status") or _infer_status(rows, error)
+        trials.append(
+            TrialSnapshot(
+                trial_id=str(trial.get("trial_id") or last.get("trial_id") or trial_dir.name),
+                name=trial_dir.name,
+                trainable_name=trial.get("trainable_name"),
+                config=_clean(trial.get("config")) if "config" in trial else (params or {}),
+                status=status,
+                iterations=int(last.get("training_iteration") or 0),
+                last_result=last,
+                error=error,
+                num_failures=int(runtime.get("num_failures") or 0),
+                checkpoints=_checkpoints(trial_dir, raw_rows),
+                results=rows,
+            )
+        )
+    for key, entry in recorded.items():  # trials that never got a directory
+        if key in seen:
+            continue
+        trial, runtime = entry["trial"], entry["runtime"]
+        last = _clean(runtime.get("last_result")) or {}
+        trials.append(
+            TrialSnapshot(
+                trial_id=str(trial.get("trial_id") or key),
+                name=key,
+                trainable_name=trial.get("trainable_name"),
+                config=_clean(trial.get("config") or {}),
+                status=str(trial.get("status") or "PENDING"),
+                iterations=int(last.get("training_iteration") or 0),
+                last_result=last,
+                error=None,
+                num_failures=int(runtime.get("num_failures") or 0),
+                checkpoints=[],
+            )
+        )
+    if start_time is None:
+        starts = [r.get("timestamp") for t in trials for r in t.results[:1]]
+        numbers = [s for s in starts if isinstance(s, (int, float))]
+        start_time = min(numbers) if numbers else None
+    trials.sort(key=lambda t: t.trial_id)
+    return ExperimentSnapshot(
+        name=posixpath.basename(experiment.path.rstrip("/")),
+        location=experiment.uri,
+        start_time=start_time,
+        state_file=state_file,
+        trials=trials,
+        problems=problems,
+    )
+
