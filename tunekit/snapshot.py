@@ -306,7 +306,14 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None) -> Exper
         last = _clean(runtime.get("last_result")) or (rows[-1] if rows else {})
         if rows and rows[-1].get("training_iteration", 0) >= last.get("training_iteration", 0):
             last = rows[-1]
+        checkpoints = _checkpoints(trial_dir, raw_rows)
+        iterations = max(
+            [int(last.get("training_iteration") or 0)]
+            + [c.iteration for c in checkpoints if isinstance(c.iteration, int)]
+        )
         status = trial.get("status") or _infer_status(rows, error)
+        if status == "PENDING" and iterations:
+            status = "RUNNING"  # the state file is older than the trial's progress
         trials.append(
             TrialSnapshot(
                 trial_id=str(trial.get("trial_id") or last.get("trial_id") or trial_dir.name),
@@ -314,11 +321,11 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None) -> Exper
                 trainable_name=trial.get("trainable_name"),
                 config=_clean(trial.get("config")) if "config" in trial else (params or {}),
                 status=status,
-                iterations=int(last.get("training_iteration") or 0),
+                iterations=iterations,
                 last_result=last,
                 error=error,
                 num_failures=int(runtime.get("num_failures") or 0),
-                checkpoints=_checkpoints(trial_dir, raw_rows),
+                checkpoints=checkpoints,
                 results=rows,
             )
         )

@@ -1,0 +1,133 @@
+"""A real Tune driver that SIGKILLs itself at a chosen point: `POINT STORAGE NAME`.
+
+POINT is where the driver dies (kill -9, no cleanup of any kind):
+``training`` when a trial reports iteration 5; ``checkpoint`` right after it
+asked a worker to save iteration 4, before the save is registered;
+``snapshot`` halfway through writing the experiment state once a trial is past
+iteration 4; ``optuna`` (an OptunaSearch run) after two trials completed;
+``none`` runs to the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+import ray
+from ray import tune
+from ray.tune.execution.tune_controller import TuneController
+
+from trainables import DigitsTrainable
+
+STOP = 8
+CONFIG = {"hidden_size": 16, "batch_size": 32, "steps_per_iteration": 5}
+OPTUNA_TRIALS = 6
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _KillerCallback(tune.Callback):
+    """Tune saves callbacks with the experiment; a resumed driver must not die again."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+
+    def die(self) -> None:
+        if os.getpid() == self.pid:
+            _die()
+
+
+class _KillAtResult(_KillerCallback):
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if result["training_iteration"] == 5:
+            self.die()
+
+
+class _KillAfterCompleted(_KillerCallback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.completed = 0
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.completed += 1
+        if self.completed == 2:
+            self.die()
+
+
+def _kill_during_checkpoint() -> None:
+    original = TuneController._schedule_trial_save
+
+    def save_then_die(self, trial, result=None):
+        future = original(self, trial, result)
+        if (result or trial.last_result).get("training_iteration") == 4:
+            _die()  # the worker got the request; the driver never hears back
+        return future
+
+    TuneController._schedule_trial_save = save_then_die
+
+
+def _kill_during_snapshot() -> None:
+    original = TuneController.save_to_dir
+
+    def half_written_then_die(self):
+        if any(t.last_result.get("training_iteration", 0) > 4 for t in self.get_trials()):
+            path = os.path.join(self._storage.experiment_driver_staging_path, self.experiment_state_file_name)
+            text = json.dumps({"trial_data": [], "runner_data": {}, "stats": {}} | {"pad": "x" * 4096})
+            with open(path, "w") as fh:
+                fh.write(text[: len(text) // 2])
+                fh.flush()
+            _die()
+        return original(self)
+
+    TuneController.save_to_dir = half_written_then_die
+
+
+def make_tuner(point: str, storage: str, name: str) -> tune.Tuner:
+    """The experiment of this driver; ``point="none"`` is the uninterrupted reference."""
+    callbacks: list[tune.Callback] = []
+    tune_config = tune.TuneConfig()
+    param_space = {**CONFIG, "seed": tune.grid_search([1, 2])}
+    if point == "training":
+        callbacks.append(_KillAtResult())
+    elif point == "checkpoint":
+        _kill_during_checkpoint()
+    elif point == "snapshot":
+        _kill_during_snapshot()
+    elif point == "optuna":
+        from ray.tune.search import ConcurrencyLimiter
+        from ray.tune.search.optuna import OptunaSearch
+
+        callbacks.append(_KillAfterCompleted())
+        search = ConcurrencyLimiter(OptunaSearch(seed=5), max_concurrent=2)
+        tune_config = tune.TuneConfig(metric="accuracy", mode="max", search_alg=search, num_samples=OPTUNA_TRIALS)
+        param_space = {**CONFIG, "seed": 1, "lr": tune.loguniform(1e-3, 0.3), "momentum": tune.uniform(0.0, 0.95)}
+    elif point != "none":
+        raise SystemExit(f"unknown point {point!r}")
+    return tune.Tuner(
+        DigitsTrainable,
+        param_space=param_space,
+        tune_config=tune_config,
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=storage,
+            stop={"training_iteration": STOP},
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2, checkpoint_at_end=True),
+            callbacks=callbacks,
+            verbose=0,
+        ),
+    )
+
+
+def main(point: str, storage: str, name: str) -> int:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    make_tuner(point, storage, name).fit()
+    print("finished without being killed", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:4]))
