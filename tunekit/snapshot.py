@@ -246,7 +246,9 @@ def _read_trial_dir(
     return params, rows, error
 
 
-def _checkpoints(trial: TrialDir, raw_rows: list[dict[str, Any]]) -> list[CheckpointSummary]:
+def _checkpoints(
+    trial: TrialDir, raw_rows: list[dict[str, Any]], rows: list[dict[str, Any]]
+) -> list[CheckpointSummary]:
     by_name = {}
     for row in raw_rows:  # the newest row naming a checkpoint wins
         name = row.get("checkpoint_dir_name")
@@ -262,6 +264,8 @@ def _checkpoints(trial: TrialDir, raw_rows: list[dict[str, Any]]) -> list[Checkp
             meta_iteration = None
         if isinstance(meta_iteration, int):
             iteration = meta_iteration
+        if not row and iteration is not None:  # class trainables save after the result
+            row = next((r for r in rows if r.get("training_iteration") == iteration), {})
         metrics = {
             k: v for k, v in row.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "training_iteration"
@@ -306,7 +310,7 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None) -> Exper
         last = _clean(runtime.get("last_result")) or (rows[-1] if rows else {})
         if rows and rows[-1].get("training_iteration", 0) >= last.get("training_iteration", 0):
             last = rows[-1]
-        checkpoints = _checkpoints(trial_dir, raw_rows)
+        checkpoints = _checkpoints(trial_dir, raw_rows, rows)
         iterations = max(
             [int(last.get("training_iteration") or 0)]
             + [c.iteration for c in checkpoints if isinstance(c.iteration, int)]

@@ -1,0 +1,92 @@
+"""kill -9 of a real driver at several points, then `tunekit resume`: nothing lost, nothing twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tunekit.kill_driver import OPTUNA_TRIALS, STOP, make_tuner
+from tunekit import read_state
+from tunekit.cli import main
+from tunekit.snapshot import read_experiment
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_killed_driver(point: str, storage: Path, name: str) -> Path:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.tunekit.kill_driver", point, str(storage), name],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return storage / name
+
+
+@pytest.fixture(scope="module")
+def reference(ray_session, tmp_path_factory):
+    """The same experiment, uninterrupted: final state of each trial by seed."""
+    grid = make_tuner("none", str(tmp_path_factory.mktemp("reference")), "reference").fit()
+    assert not grid.errors
+    return {r.config["seed"]: read_state(r.checkpoint) for r in grid}
+
+
+@pytest.mark.parametrize("point", ["training", "checkpoint", "snapshot"])
+def test_resume_after_kill_completes_every_trial_exactly(point, reference, storage, capsys):
+    exp = _run_killed_driver(point, storage, "exp")
+    before = read_experiment(str(exp))
+    assert not all(t.status == "TERMINATED" for t in before.trials), "the driver was not interrupted"
+
+    assert main(["resume", str(exp)]) == 0
+    out = capsys.readouterr().out
+    assert "trainable: trainables.class_api:DigitsTrainable (recorded in its checkpoints)" in out
+    assert "now 2 TERMINATED" in out
+
+    after = read_experiment(str(exp))
+    assert after.counts() == {"TERMINATED": 2}
+    for trial in after.trials:
+        assert [r["training_iteration"] for r in trial.results] == list(range(1, STOP + 1))
+        final = read_state(trial.checkpoints[-1].uri)
+        assert final["counters"]["iteration"] == STOP
+        expected = reference[trial.config["seed"]]
+        for key, tensor in expected["models"]["model"].items():
+            assert final["models"]["model"][key].equal(tensor), f"{trial.trial_id}: {key} differs"
+    assert main(["verify", str(exp)]) == 0
+
+
+def test_optuna_search_resumes_with_its_state(ray_session, storage, capsys):
+    exp = _run_killed_driver("optuna", storage, "optuna")
+    before = read_experiment(str(exp))
+    assert 2 <= len(before.trials) < OPTUNA_TRIALS + 1
+    assert main(["resume", str(exp)]) == 0
+    capsys.readouterr()
+    after = read_experiment(str(exp))
+    assert len(after.trials) == OPTUNA_TRIALS and after.counts() == {"TERMINATED": OPTUNA_TRIALS}
+    suggestions = [(t.config["lr"], t.config["momentum"]) for t in after.trials]
+    assert len(set(suggestions)) == OPTUNA_TRIALS, "a suggestion was repeated"
+    kept = {t.trial_id: (t.config["lr"], t.config["momentum"]) for t in before.trials}
+    assert all(dict((t.trial_id, s) for t, s in zip(after.trials, suggestions)).get(k) == v for k, v in kept.items())
+    for trial in after.trials:
+        assert [r["training_iteration"] for r in trial.results] == list(range(1, STOP + 1))
+
+
+def test_resume_needs_a_trainable_it_can_find(tmp_path, capsys):
+    exp = tmp_path / "exp"
+    trial = exp / "f_00000_0"
+    trial.mkdir(parents=True)
+    (exp / "experiment_state-2026-01-01_00-00-00.json").write_text(
+        '{"trial_data": [["{\\"trial_id\\": \\"00000\\", \\"trainable_name\\": \\"f\\", \\"relative_logdir\\": \\"f_00000_0\\", \\"status\\": \\"RUNNING\\"}", "{}"]], "stats": {}}'
+    )
+    (trial / "params.json").write_text("{}")
+    assert main(["resume", str(exp)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot tell which trainable ran" in err and "pass --trainable module:attr" in err
+    assert main(["resume", str(exp), "--trainable", "no_such_module:Thing"]) == 2
+    assert "cannot import no_such_module" in capsys.readouterr().err
+    assert main(["resume", str(exp), "--resume-errored", "--restart-errored"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
