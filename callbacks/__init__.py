@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from callbacks.improvement import CheckpointOnImprovement
+from callbacks.parquet import ParquetLogger
 from callbacks.preemption import CheckpointOnPreemption
 from callbacks.progress import ProgressPrinter
 from callbacks.steps import CheckpointByStepsTaken
@@ -13,5 +14,6 @@ __all__ = [
     "CheckpointByTime",
     "CheckpointOnImprovement",
     "CheckpointOnPreemption",
+    "ParquetLogger",
     "ProgressPrinter",
 ]

@@ -88,6 +88,7 @@ class TrialSnapshot:
     num_failures: int
     checkpoints: list[CheckpointSummary]
     results: list[dict[str, Any]] = field(repr=False, default_factory=list)
+    tag: str | None = None
 
     def metric(self, name: str, scope: Literal["last", "max", "min", "avg"] = "last") -> float | None:
         """The trial's value of ``name``: its last, best or mean over iterations."""
@@ -274,6 +275,18 @@ def _checkpoints(
     return out
 
 
+def _tag(trial: dict[str, Any], dir_name: str) -> str | None:
+    """The trial's original experiment tag (its index), as PBT's logs name it."""
+    tag = trial.get("experiment_tag")
+    if isinstance(tag, str) and tag:
+        return tag.split("_")[0].split("@")[0]
+    parts = dir_name.split("_")
+    for i, part in enumerate(parts[:-1]):  # <trainable>_<id>_<index>_<params...>
+        if len(part) == 5 and part.isdigit() and i + 1 < len(parts) and parts[i + 1].isdigit():
+            return parts[i + 1]
+    return None
+
+
 def _infer_status(rows: list[dict[str, Any]], error: str | None) -> str:
     if error:
         return "ERROR"
@@ -331,6 +344,7 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None) -> Exper
                 num_failures=int(runtime.get("num_failures") or 0),
                 checkpoints=checkpoints,
                 results=rows,
+                tag=_tag(trial, trial_dir.name),
             )
         )
     for key, entry in recorded.items():  # trials that never got a directory

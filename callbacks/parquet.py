@@ -1,0 +1,107 @@
+"""Log every trial result to a Parquet dataset inside the experiment directory."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import time
+import uuid
+from typing import Any, Callable
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from ray import tune
+from ray.tune.experiment import Trial
+
+from callbacks._checks import positive_number
+from tunekit.table import RESULTS_DIR, flatten_result, rows_to_table
+
+__all__ = ["ParquetLogger"]
+
+
+class ParquetLogger(tune.Callback):
+    """Write every trial result, in batches, to ``EXP/tunekit_results/*.parquet``.
+
+    Rows are flattened (``config/lr``), keyed by ``trial_id`` and
+    ``training_iteration``; trials that report different keys are fine. A
+    batch is written when it holds ``batch_rows`` rows, when ``flush_seconds``
+    have passed, when a trial checkpoints, completes or fails, and at the end.
+    Each batch is one new file (named by driver session and sequence, so
+    files sort in the order they were written), on the experiment's own
+    storage (local, S3, ...). A driver killed with ``kill -9`` loses only the
+    rows of its unwritten batch; rows after a trial's last checkpoint are
+    reported and logged again when the experiment resumes, and
+    :func:`tunekit.analysis.load_results` keeps each iteration once.
+
+    Args:
+        batch_rows: Rows per file at most.
+        flush_seconds: Longest time a row waits in memory.
+        clock: Monotonic time source (tests).
+    """
+
+    def __init__(
+        self,
+        *,
+        batch_rows: int = 1000,
+        flush_seconds: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
+            raise ValueError(f"ParquetLogger(batch_rows={batch_rows!r}): must be an integer >= 1")
+        self.batch_rows = batch_rows
+        self.flush_seconds = positive_number("ParquetLogger", "flush_seconds", flush_seconds)
+        self._clock = clock
+        self._rows: list[dict[str, Any]] = []
+        self._target: tuple[pafs.FileSystem, str] | None = None
+        self._session = ""
+        self._seq = 0
+        self._last_flush = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune stores callbacks with the experiment: keep the settings only.
+        return {"batch_rows": self.batch_rows, "flush_seconds": self.flush_seconds, "_clock": self._clock}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**{k.lstrip("_"): v for k, v in state.items()})
+
+    def setup(self, **info: Any) -> None:
+        self._session = f"{int(time.time() * 1000):013d}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._last_flush = self._clock()
+
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info: Any) -> None:
+        if self._target is None:
+            self._target = (trial.storage.storage_filesystem, trial.storage.experiment_fs_path)
+        self._rows.append({"trial_id": trial.trial_id, **flatten_result(result)})
+        if len(self._rows) >= self.batch_rows or self._clock() - self._last_flush >= self.flush_seconds:
+            self.flush()
+
+    def on_checkpoint(self, iteration: int, trials: list[Trial], trial: Trial, checkpoint: Any, **info: Any) -> None:
+        self.flush()
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self.flush()
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self.flush()
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered rows as one Parquet file (storage errors are raised)."""
+        self._last_flush = self._clock()
+        if not self._rows or self._target is None:
+            return
+        fs, experiment = self._target
+        directory = posixpath.join(experiment, RESULTS_DIR)
+        name = f"part-{self._session or 'nosetup'}-{self._seq:06d}.parquet"
+        table = rows_to_table(self._rows)
+        fs.create_dir(directory, recursive=True)
+        if isinstance(fs, pafs.LocalFileSystem):
+            tmp = posixpath.join(directory, f".{name}.tmp")
+            pq.write_table(table, tmp, filesystem=fs)
+            fs.move(tmp, posixpath.join(directory, name))
+        else:  # an object store makes an object visible only once it is whole
+            pq.write_table(table, posixpath.join(directory, name), filesystem=fs)
+        self._seq += 1
+        self._rows = []

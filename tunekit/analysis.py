@@ -1,0 +1,308 @@
+"""Experiment results as pandas: all trials, every iteration once, best trial and model, PBT lineage.
+
+Example:
+    >>> import tempfile
+    >>> load_results(tempfile.mkdtemp())  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    tunekit.errors.ExperimentError: ...: not a Ray Tune experiment directory ...
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from tunekit.checkpoint import load_model
+from tunekit.errors import ConfigError, ExperimentError, StorageError
+from tunekit.experiment_dir import find_trials
+from tunekit.results import parse_result_lines, read_text
+from tunekit.snapshot import ExperimentSnapshot, read_experiment
+from tunekit.storage import Storage, resolve_storage
+from tunekit.table import RESULTS_DIR, flatten_result, is_number
+
+__all__ = [
+    "BestTrial",
+    "Lineage",
+    "best_checkpoint",
+    "best_trial",
+    "load_best_model",
+    "load_results",
+    "pbt_lineage",
+]
+
+Scope = Literal["last", "max", "min", "mean"]
+_ITER = "training_iteration"
+
+
+def _order_columns(df: pd.DataFrame) -> pd.DataFrame:
+    first = [c for c in ("trial_id", _ITER) if c in df.columns]
+    config = sorted(c for c in df.columns if c.startswith("config/"))
+    rest = [c for c in df.columns if c not in first and c not in config]
+    return df[first + rest + config]
+
+
+def _dedupe_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """Keep, per trial, the rows no later row supersedes (a later row with iteration <= it)."""
+    if df.empty or _ITER not in df.columns:
+        return df.reset_index(drop=True)
+    rev = df.iloc[::-1]
+    iters = pd.to_numeric(rev[_ITER], errors="coerce")
+    later_min = iters.groupby(rev["trial_id"].values).cummin()
+    exclusive = later_min.groupby(rev["trial_id"].values).shift(1)
+    keep = exclusive.isna() | (iters < exclusive)
+    out = rev[keep.values].iloc[::-1]
+    return out.sort_values(["trial_id", _ITER], kind="stable").reset_index(drop=True)
+
+
+def _parquet_parts(experiment: Storage) -> list[str]:
+    directory = posixpath.join(experiment.path, RESULTS_DIR)
+    try:
+        infos = experiment.filesystem.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+    except (OSError, pa.ArrowException) as exc:
+        raise StorageError(f"cannot list {experiment.uri}/{RESULTS_DIR}: {exc}") from None
+    return sorted(
+        i.path for i in infos
+        if i.type == pafs.FileType.File and i.base_name.endswith(".parquet") and not i.base_name.startswith(".")
+    )
+
+
+def _from_parquet(experiment: Storage, parts: list[str]) -> pd.DataFrame:
+    tables = [pq.read_table(path, filesystem=experiment.filesystem) for path in parts]
+    try:
+        table = pa.concat_tables(tables, promote_options="permissive")
+        return table.to_pandas()
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # a key changed type between batches
+        return pd.concat([t.to_pandas() for t in tables], ignore_index=True, sort=False)
+
+
+def _from_result_json(experiment: Storage) -> pd.DataFrame:
+    fs = experiment.filesystem
+    rows: list[dict[str, Any]] = []
+    for trial in find_trials(experiment):
+        text = read_text(fs, posixpath.join(trial.location.path, "result.json"))
+        if not text:
+            continue
+        parsed, _ = parse_result_lines(text)
+        for row in parsed:
+            flat = flatten_result(row)
+            flat.setdefault("trial_id", trial.name)
+            rows.append(flat)
+    return pd.DataFrame.from_records(rows)
+
+
+def load_results(
+    location: str | Storage,
+    *,
+    filesystem: Any = None,
+    source: Literal["auto", "parquet", "json"] = "auto",
+) -> pd.DataFrame:
+    """All results of all trials: one row per trial and iteration.
+
+    Reads the Parquet dataset that :class:`callbacks.ParquetLogger` wrote
+    (fast), or else each trial's ``result.json`` (any Ray Tune experiment).
+    Iterations that ran again after a restore are kept once: the row of the
+    lineage that went on. Config values are columns ``config/<name>``.
+
+    Args:
+        location: The experiment directory (path, URI or Storage).
+        filesystem: A pyarrow/fsspec filesystem ``location`` is a path on.
+        source: ``"parquet"`` or ``"json"`` to force one; ``"auto"`` prefers Parquet.
+
+    Raises:
+        ExperimentError: not an experiment, or ``source="parquet"`` and no dataset.
+    """
+    if source not in ("auto", "parquet", "json"):
+        raise ConfigError(f"load_results(source={source!r}): expected 'auto', 'parquet' or 'json'")
+    experiment = resolve_storage(location, filesystem=filesystem)
+    parts = _parquet_parts(experiment) if source != "json" else []
+    if parts:
+        df = _from_parquet(experiment, parts)
+    elif source == "parquet":
+        raise ExperimentError(f"{experiment.uri}: no {RESULTS_DIR}/*.parquet (was ParquetLogger used?)")
+    else:
+        df = _from_result_json(experiment)
+    if df.empty:
+        return df
+    return _order_columns(_dedupe_frame(df))
+
+
+@dataclass(frozen=True)
+class BestTrial:
+    """The best trial for a metric, and its best checkpoint."""
+
+    trial_id: str
+    metric: str
+    value: float
+    config: dict[str, Any]
+    checkpoint: str | None
+
+
+def _trial_scores(df: pd.DataFrame, metric: str, scope: Scope) -> pd.Series:
+    if metric not in df.columns:
+        raise ConfigError(f"metric {metric!r} is not in the results; they have {sorted(df.columns)[:20]}")
+    values = pd.to_numeric(df[metric], errors="coerce")
+    grouped = values.groupby(df["trial_id"])
+    if scope == "last":
+        return grouped.agg(lambda s: s.dropna().iloc[-1] if s.notna().any() else float("nan")).dropna()
+    if scope not in ("max", "min", "mean"):
+        raise ConfigError(f"scope={scope!r}: expected 'last', 'max', 'min' or 'mean'")
+    return getattr(grouped, scope)().dropna()
+
+
+def best_trial(
+    location: str | Storage,
+    *,
+    metric: str,
+    mode: Literal["max", "min"],
+    scope: Scope = "last",
+    results: pd.DataFrame | None = None,
+    snapshot: ExperimentSnapshot | None = None,
+) -> BestTrial:
+    """The best trial by ``metric`` over its ``scope`` (last/max/min/mean), with its best checkpoint.
+
+    The best checkpoint is the trial's checkpoint with the best ``metric``
+    (its latest if none records it).
+    """
+    if mode not in ("max", "min"):
+        raise ConfigError(f"best_trial(mode={mode!r}): expected 'max' or 'min'")
+    experiment = resolve_storage(location)
+    df = results if results is not None else load_results(experiment)
+    if df.empty:
+        raise ExperimentError(f"{experiment.uri}: no results yet")
+    scores = _trial_scores(df, metric, scope)
+    if scores.empty:
+        raise ExperimentError(f"{experiment.uri}: no trial reported {metric!r}")
+    trial_id = str(scores.idxmax() if mode == "max" else scores.idxmin())
+    rows = df[df["trial_id"] == trial_id]
+    config = {
+        c[len("config/"):]: (v.item() if hasattr(v, "item") else v)
+        for c, v in rows.iloc[-1].items()
+        if c.startswith("config/") and pd.notna(v)
+    }
+    snap = snapshot or read_experiment(experiment)
+    trial = next((t for t in snap.trials if t.trial_id == trial_id or t.name == trial_id), None)
+    checkpoint = None
+    if trial is not None and trial.checkpoints:
+        scored = [c for c in trial.checkpoints if is_number(c.metrics.get(metric))]
+        if scored:
+            pick = max if mode == "max" else min
+            checkpoint = pick(scored, key=lambda c: c.metrics[metric]).uri
+        else:
+            checkpoint = trial.checkpoints[-1].uri
+    return BestTrial(trial_id, metric, float(scores[trial_id]), config, checkpoint)
+
+
+def best_checkpoint(
+    location: str | Storage, *, metric: str, mode: Literal["max", "min"], scope: Scope = "last"
+) -> str:
+    """The URI (or path) of the best trial's best checkpoint."""
+    best = best_trial(location, metric=metric, mode=mode, scope=scope)
+    if best.checkpoint is None:
+        raise ExperimentError(f"best trial {best.trial_id} has no checkpoint")
+    return best.checkpoint
+
+
+def load_best_model(
+    location: str | Storage,
+    model: Any,
+    *,
+    metric: str,
+    mode: Literal["max", "min"],
+    scope: Scope = "last",
+    name: str | None = None,
+) -> Any:
+    """Load the best checkpoint's weights into ``model`` (eval mode), ready for inference.
+
+    Args:
+        location: The experiment directory.
+        model: A ``torch.nn.Module`` of the trained architecture.
+        metric, mode, scope: How "best" is decided (see :func:`best_trial`).
+        name: Which model of the checkpoint's state (default: the first).
+    """
+    return load_model(best_checkpoint(location, metric=metric, mode=mode, scope=scope), model, name=name)
+
+
+@dataclass
+class Lineage:
+    """PBT history: every exploit, and where each trial's weights came from."""
+
+    exploits: pd.DataFrame
+    ancestry: dict[str, list[tuple[str, int, int]]]
+
+    def describe(self, trial_id: str) -> str:
+        """``a[1-4] -> b[5-8]``: whose iterations a trial's final weights went through."""
+        return " -> ".join(f"{t}[{a}-{b}]" for t, a, b in self.ancestry.get(trial_id, []))
+
+
+def pbt_lineage(
+    location: str | Storage,
+    *,
+    results: pd.DataFrame | None = None,
+    snapshot: ExperimentSnapshot | None = None,
+) -> Lineage:
+    """Every PBT exploit (from Ray's ``pbt_global.txt``) and each trial's ancestry.
+
+    Columns of ``exploits``: ``iteration`` (the target's, when it exploited),
+    ``target``, ``source``, ``source_iteration`` (of the checkpoint it took),
+    ``old_config`` (the target's, before), ``new_config``.
+    ``ancestry[trial]`` lists ``(trial_id, first_iteration, last_iteration)``
+    segments, oldest first.
+    """
+    experiment = resolve_storage(location)
+    snap = snapshot or read_experiment(experiment)
+    df = results if results is not None else load_results(experiment)
+    by_tag = {t.tag: t.trial_id for t in snap.trials if t.tag is not None}
+    text = read_text(experiment.filesystem, posixpath.join(experiment.path, "pbt_global.txt")) or ""
+    current: dict[str, dict[str, Any]] = {}
+    for trial in snap.trials:
+        rows = df[df["trial_id"] == trial.trial_id] if not df.empty else df
+        if len(rows):
+            first = rows.iloc[0]
+            current[trial.trial_id] = {
+                c[len("config/"):]: first[c] for c in rows.columns if c.startswith("config/") and pd.notna(first[c])
+            }
+        else:
+            current[trial.trial_id] = dict(trial.config)
+    records = []
+    for line in text.splitlines():
+        try:
+            target_tag, source_tag, target_iter, source_iter, _source_config, new_config = json.loads(line)
+        except (ValueError, TypeError):
+            continue
+        target = by_tag.get(str(target_tag), str(target_tag))
+        source = by_tag.get(str(source_tag), str(source_tag))
+        old = dict(current.get(target, {}))
+        current[target] = {**old, **(new_config or {})}
+        records.append(
+            {
+                "iteration": int(target_iter),
+                "target": target,
+                "source": source,
+                "source_iteration": int(source_iter),
+                "old_config": old,
+                "new_config": new_config,
+            }
+        )
+    exploits = pd.DataFrame.from_records(
+        records, columns=["iteration", "target", "source", "source_iteration", "old_config", "new_config"]
+    )
+    final = {t.trial_id: t.iterations for t in snap.trials}
+
+    def chain(trial: str, upto: int, before: int) -> list[tuple[str, int, int]]:
+        for k in range(before - 1, -1, -1):
+            record = records[k]
+            if record["target"] == trial and record["source_iteration"] <= upto:
+                start = record["source_iteration"] + 1
+                own = [(trial, start, upto)] if start <= upto else []
+                return chain(record["source"], record["source_iteration"], k) + own
+        return [(trial, 1, upto)] if upto >= 1 else []
+
+    ancestry = {t: chain(t, n, len(records)) for t, n in final.items()}
+    return Lineage(exploits, ancestry)

@@ -1,0 +1,64 @@
+"""Flatten Tune results into rows and rows into Arrow tables (shared by the logger and the readers)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Iterable
+
+import pyarrow as pa
+
+__all__ = ["RESULTS_DIR", "flatten_result", "rows_to_table"]
+
+#: Where :class:`callbacks.ParquetLogger` writes, inside the experiment directory.
+RESULTS_DIR = "tunekit_results"
+
+
+def flatten_result(result: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"config": {"lr": 0.1}}`` -> ``{"config/lr": 0.1}``; lists become JSON text.
+
+    >>> flatten_result({"loss": 1.0, "config": {"lr": 0.1, "net": {"width": 8}}})
+    {'loss': 1.0, 'config/lr': 0.1, 'config/net/width': 8}
+    """
+    out: dict[str, Any] = {}
+    for key, value in result.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten_result(value, name + "/"))
+        elif isinstance(value, (list, tuple)):
+            out[name] = json.dumps(value, default=repr)
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            out[name] = value
+        else:
+            out[name] = repr(value)
+    return out
+
+
+def _column(values: list[Any]) -> pa.Array:
+    kinds = {type(v) for v in values if v is not None}
+    if kinds <= {bool}:
+        return pa.array(values, type=pa.bool_())
+    if kinds <= {int} and all(v is None or -(2**63) <= v < 2**63 for v in values):
+        return pa.array(values, type=pa.int64())
+    if kinds <= {int, float}:
+        return pa.array([None if v is None else float(v) for v in values], type=pa.float64())
+    return pa.array([None if v is None else (v if isinstance(v, str) else json.dumps(v)) for v in values], type=pa.string())
+
+
+def rows_to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
+    """An Arrow table of rows that may have different keys and mixed types per key.
+
+    Missing keys become nulls; ints mixed with floats become floats; anything
+    mixed with text becomes text.
+    """
+    rows = list(rows)
+    names: dict[str, None] = {}
+    for row in rows:
+        for key in row:
+            names.setdefault(key, None)
+    return pa.table({name: _column([row.get(name) for row in rows]) for name in names})
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (bools excluded)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
