@@ -185,6 +185,20 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     return 0 if summary.ok else 1
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from tunekit.report import write_report
+
+    if bool(args.metric) != bool(args.mode):
+        raise _UsageError("tunekit report: --metric and --mode go together")
+    print(f"reading {args.experiment}", file=sys.stderr, flush=True)
+    summary = write_report(args.experiment, output=args.output, metric=args.metric, mode=args.mode)
+    print(f"report: {summary.html}")
+    print(f"plots: {', '.join(p.name for p in summary.images)}")
+    if summary.best is not None:
+        print(f"best trial by {summary.metric} ({summary.mode}): {summary.best.trial_id} = {summary.best.value:.4g}")
+    return 0
+
+
 def _build_parser() -> _Parser:
     parser = _Parser(
         prog="tunekit",
@@ -252,6 +266,21 @@ def _build_parser() -> _Parser:
     resume.add_argument("--trainable", default=None, metavar="MODULE:ATTR", help="the trainable, e.g. trainables:DigitsTrainable")
     resume.add_argument("--cpus", type=_int_at_least(1), default=None, help="CPUs of the local Ray (default: all)")
     resume.set_defaults(func=_cmd_resume)
+
+    report = sub.add_parser(
+        "report",
+        help="write an HTML report with plots of an experiment",
+        description=(
+            "Write a self-contained HTML report of experiment EXP (local or a URI): "
+            "trials table, learning curves, hyperparameters against the metric, PBT "
+            "lineage and schedules, the best checkpoint, and how to open TensorBoard."
+        ),
+    )
+    report.add_argument("experiment", metavar="EXP", help="experiment directory or URI")
+    report.add_argument("--output", default=None, help="output directory (default EXP/tunekit_report)")
+    report.add_argument("--metric", default=None, help="metric that ranks trials (default: guessed)")
+    report.add_argument("--mode", choices=("max", "min"), default=None, help="whether --metric is better high or low")
+    report.set_defaults(func=_cmd_report)
     return parser
 
 

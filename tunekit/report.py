@@ -1,0 +1,257 @@
+"""``tunekit report``: a self-contained HTML page with PNG plots of an experiment.
+
+The page embeds its plots (PNG, base64), so it can be mailed or archived as
+one file; the PNGs are also written beside it. matplotlib is imported here
+only, with the Agg backend: nothing needs a display.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from tunekit.analysis import BestTrial, Lineage, best_trial, load_results, pbt_lineage
+from tunekit.errors import ConfigError, ExperimentError
+from tunekit.snapshot import ExperimentSnapshot, read_experiment
+from tunekit.storage import Storage, resolve_storage
+
+__all__ = ["ReportSummary", "guess_metric", "write_report"]
+
+_GUESSES = [("accuracy", "max"), ("mean_accuracy", "max"), ("score", "max"), ("reward", "max"),
+            ("loss", "min"), ("mean_loss", "min"), ("val_loss", "min")]
+_SKIP = {"training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "pid", "time_since_restore",
+         "iterations_since_restore", "done", "should_checkpoint", "timesteps_total", "episodes_total"}
+
+
+@dataclass
+class ReportSummary:
+    """Where the report went and what it shows."""
+
+    html: Path
+    images: list[Path]
+    metric: str
+    mode: str
+    best: BestTrial | None
+
+
+def guess_metric(df: pd.DataFrame) -> tuple[str, Literal["max", "min"]]:
+    """A metric to rank trials by when none is given: a well-known name, else the first numeric one."""
+    for name, mode in _GUESSES:
+        if name in df.columns:
+            return name, mode  # type: ignore[return-value]
+    for column in df.columns:
+        if column not in _SKIP and not column.startswith(("config/", "trial_id")) and pd.api.types.is_numeric_dtype(df[column]):
+            return column, "max"
+    raise ExperimentError("no numeric metric in the results; pass --metric and --mode")
+
+
+def _png(fig: Any, path: Path) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    data = buffer.getvalue()
+    path.write_bytes(data)
+    return base64.b64encode(data).decode()
+
+
+def _learning_curves(plt: Any, df: pd.DataFrame, metric: str) -> Any:
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for trial_id, rows in df.groupby("trial_id"):
+        ax.plot(rows["training_iteration"], rows[metric], linewidth=1.2, label=str(trial_id))
+    ax.set_xlabel("training_iteration")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} per trial")
+    if df["trial_id"].nunique() <= 12:
+        ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def _scatter(plt: Any, df: pd.DataFrame, metric: str, params: list[str]) -> Any:
+    last = df.groupby("trial_id").tail(1)
+    n = max(1, len(params))
+    fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.6), squeeze=False)
+    for ax, param in zip(axes[0], params):
+        values = pd.to_numeric(last[f"config/{param}"], errors="coerce")
+        ax.scatter(values, last[metric], s=28)
+        if values.gt(0).all() and values.max() / max(values.min(), 1e-300) > 50:
+            ax.set_xscale("log")
+        ax.set_xlabel(param)
+        ax.set_ylabel(f"final {metric}")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"hyperparameters vs final {metric}")
+    return fig
+
+
+def _schedules(plt: Any, df: pd.DataFrame, params: list[str]) -> Any:
+    n = max(1, len(params))
+    fig, axes = plt.subplots(n, 1, figsize=(8, 2.6 * n), squeeze=False)
+    for ax, param in zip(axes[:, 0], params):
+        for trial_id, rows in df.groupby("trial_id"):
+            ax.step(rows["training_iteration"], pd.to_numeric(rows[f"config/{param}"], errors="coerce"),
+                    where="post", linewidth=1.1, label=str(trial_id))
+        ax.set_ylabel(param)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("training_iteration")
+    fig.suptitle("hyperparameter schedules (PBT)")
+    return fig
+
+
+def _lineage_plot(plt: Any, lineage: Lineage) -> Any:
+    trials = sorted(lineage.ancestry)
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(trials) + 1.2))
+    colors = {t: plt.cm.tab20(i % 20) for i, t in enumerate(trials)}
+    for y, trial in enumerate(trials):
+        for source, first, last in lineage.ancestry[trial]:
+            ax.barh(y, last - first + 1, left=first - 0.5, color=colors.get(source, "grey"), edgecolor="white")
+            ax.text((first + last) / 2, y, source[-5:], ha="center", va="center", fontsize=7)
+    ax.set_yticks(range(len(trials)), [t for t in trials], fontsize=7)
+    ax.set_xlabel("training_iteration (colour: whose weights)")
+    ax.set_title("PBT lineage of each trial's final weights")
+    return fig
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_fmt(v)}" for k, v in value.items())
+    return "" if value is None else str(value)
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1100px;color:#222;padding:0 1rem}
+h1{font-size:1.6rem;margin-bottom:.2rem} h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0} td,th{border:1px solid #ddd;padding:.25rem .5rem;text-align:left}
+th{background:#f4f4f4} img{max-width:100%;border:1px solid #eee} code{background:#f4f4f4;padding:.1rem .3rem}
+.muted{color:#666}
+"""
+
+
+def write_report(
+    location: str | Storage,
+    *,
+    output: str | os.PathLike[str] | None = None,
+    metric: str | None = None,
+    mode: Literal["max", "min"] | None = None,
+) -> ReportSummary:
+    """Write ``index.html`` (plots embedded) and its PNGs into ``output``.
+
+    Args:
+        location: The experiment directory (path or URI).
+        output: A local directory (default: ``EXP/tunekit_report`` for a local
+            experiment, ``./tunekit_report_<name>`` for a remote one).
+        metric, mode: What ranks trials (default: guessed from the results).
+
+    Raises:
+        ExperimentError: not an experiment, or it has no results yet.
+    """
+    if (metric is None) != (mode is None):
+        raise ConfigError("report: metric and mode go together")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    experiment = resolve_storage(location)
+    snapshot: ExperimentSnapshot = read_experiment(experiment)
+    df = load_results(experiment)
+    if df.empty:
+        raise ExperimentError(f"{experiment.uri}: no results yet, nothing to report")
+    if metric is None:
+        metric, mode = guess_metric(df)
+    if metric not in df.columns:
+        raise ConfigError(f"report: metric {metric!r} is not in the results")
+    assert mode is not None
+    out = Path(output) if output else (
+        Path(experiment.path) / "tunekit_report" if experiment.is_local else Path(f"tunekit_report_{snapshot.name}")
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    best = best_trial(experiment, metric=metric, mode=mode, results=df, snapshot=snapshot)
+    lineage = pbt_lineage(experiment, results=df, snapshot=snapshot)
+    params = [
+        c[len("config/"):] for c in df.columns
+        if c.startswith("config/") and pd.api.types.is_numeric_dtype(df[c]) and df[c].nunique(dropna=True) > 1
+    ][:4]
+
+    images: list[Path] = []
+    sections: list[str] = []
+
+    def figure(name: str, fig: Any, title: str, note: str = "") -> None:
+        path = out / f"{name}.png"
+        data = _png(fig, path)
+        plt.close(fig)
+        images.append(path)
+        sections.append(
+            f"<h2>{html.escape(title)}</h2>{note}<img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>"
+        )
+
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(snapshot.counts().items()))
+    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(snapshot.start_time)) if snapshot.start_time else "?"
+    shown = [k for k in params] or sorted({k for t in snapshot.trials for k in t.config})[:4]
+    trial_rows = []
+    last = df.groupby("trial_id").tail(1).set_index("trial_id")
+    for t in snapshot.trials:
+        value = last[metric].get(t.trial_id) if t.trial_id in last.index else None
+        trial_rows.append([t.trial_id, t.status, t.iterations, value, *(t.config.get(k) for k in shown),
+                           len(t.checkpoints), (t.error or "")[:80]])
+    sections.append("<h2>Trials</h2>" + _table(
+        ["trial", "status", "iterations", f"last {metric}", *shown, "checkpoints", "error"], trial_rows))
+    best_html = (
+        f"<p>Best trial by {html.escape(metric)} ({mode}, last value): <b>{html.escape(best.trial_id)}</b>, "
+        f"{html.escape(metric)} = {best.value:.4g}<br>config: {html.escape(_fmt(best.config))}<br>"
+        f"best checkpoint: <code>{html.escape(best.checkpoint or 'none')}</code></p>"
+    )
+    sections.append("<h2>Best checkpoint</h2>" + best_html)
+    figure("learning_curves", _learning_curves(plt, df, metric), f"Learning curves: {metric}")
+    if params:
+        figure("hyperparameters", _scatter(plt, df, metric, params), f"Hyperparameters vs final {metric}")
+    if not lineage.exploits.empty:
+        exploit_rows = [
+            [r.iteration, r.target, r.source, r.source_iteration, r.old_config, r.new_config]
+            for r in lineage.exploits.itertuples()
+        ]
+        sections.append("<h2>PBT exploits</h2>" + _table(
+            ["iteration", "target", "source", "source iteration", "old config", "new config"], exploit_rows))
+        sections.append("<h2>Ancestry of final weights</h2>" + _table(
+            ["trial", "lineage"], [[t, lineage.describe(t)] for t in sorted(lineage.ancestry)]))
+        figure("lineage", _lineage_plot(plt, lineage), "PBT lineage")
+        if params:
+            figure("schedules", _schedules(plt, df, params), "Hyperparameter schedules")
+    tb_dir = experiment.uri if experiment.is_local else f"<a local copy of {experiment.uri}>"
+    sections.append(
+        "<h2>TensorBoard</h2><p>Ray Tune writes tensorboardX event files in each trial directory "
+        "(scalars, and the HParams view for finished trials):</p>"
+        f"<p><code>tensorboard --logdir {html.escape(tb_dir)}</code></p>"
+        "<p class='muted'>For one clean run per trial (each iteration once, even after restores), "
+        "export first: <code>python -c \"import tunekit.tensorboard as t; "
+        f"t.export_tensorboard('{html.escape(experiment.uri)}', 'tb')\"</code> then "
+        "<code>tensorboard --logdir tb</code>.</p>"
+    )
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>tunekit report: {html.escape(snapshot.name)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>Experiment {html.escape(snapshot.name)}</h1>"
+        f"<p class='muted'>{html.escape(experiment.uri)} &middot; started {started} &middot; "
+        f"{len(snapshot.trials)} trials: {html.escape(counts)} &middot; {len(df)} results</p>"
+        + "".join(sections)
+        + "<p class='muted'>Written by tunekit report.</p></body></html>"
+    )
+    index = out / "index.html"
+    index.write_text(page)
+    return ReportSummary(index, images, metric, mode, best)
