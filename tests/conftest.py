@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,3 +140,25 @@ def s3_bucket(s3_server: S3Server) -> Iterator[S3Bucket]:
     s3_server.client().create_bucket(Bucket=bucket.name)
     yield bucket
     s3_server.start()
+
+
+@pytest.fixture(scope="session")
+def ray_example_runs(tmp_path_factory) -> dict[str, Path]:
+    """Ray's own example scripts, run unchanged (``--smoke-test``), results under a fresh HOME."""
+    home = tmp_path_factory.mktemp("home")
+    env = {**os.environ, "HOME": str(home), "RAY_AUTH_MODE": "disabled"}
+    runs = {}
+    for script, name in [("pbt_function.py", "pbt_function_api_example"), ("custom_func_checkpointing.py", "hyperband_test")]:
+        proc = subprocess.run(
+            [sys.executable, str(_ray_examples() / script), "--smoke-test"],
+            cwd=home, env=env, capture_output=True, text=True, timeout=600,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[script] = home / "ray_results" / name
+    return runs
+
+
+def _ray_examples() -> Path:
+    import ray.tune.examples
+
+    return Path(ray.tune.examples.__file__).parent

@@ -229,6 +229,31 @@ def load_best_model(
     return load_model(best_checkpoint(location, metric=metric, mode=mode, scope=scope), model, name=name)
 
 
+def _fix_source_iterations(experiment: Storage, snap: ExperimentSnapshot, records: list[dict[str, Any]]) -> None:
+    """Take each exploit's checkpoint iteration from what the target ran next.
+
+    Ray logs the donor's last reported iteration at decision time, which with
+    ``synch=True`` can lag the checkpoint actually cloned; the target's next
+    result (iteration k+1 after a restore from iteration k) is the truth.
+    """
+    names = {t.trial_id: t.name for t in snap.trials}
+    raw: dict[str, list[int]] = {}
+    position: dict[str, int] = {}
+    for record in records:
+        target = record["target"]
+        if target not in raw:
+            text = read_text(experiment.filesystem, posixpath.join(experiment.join(names.get(target, target)).path, "result.json"))
+            rows, _ = parse_result_lines(text or "")
+            raw[target] = [int(r[_ITER]) for r in rows if is_number(r.get(_ITER))]
+        iterations = raw[target]
+        start = position.get(target, 0)
+        for j in range(start, len(iterations) - 1):
+            if iterations[j] == record["iteration"]:
+                record["source_iteration"] = iterations[j + 1] - 1
+                position[target] = j + 1
+                break
+
+
 @dataclass
 class Lineage:
     """PBT history: every exploit, and where each trial's weights came from."""
@@ -258,7 +283,11 @@ def pbt_lineage(
     experiment = resolve_storage(location)
     snap = snapshot or read_experiment(experiment)
     df = results if results is not None else load_results(experiment)
-    by_tag = {t.tag: t.trial_id for t in snap.trials if t.tag is not None}
+    by_tag: dict[str, str] = {}
+    for t in snap.trials:
+        if t.tag is not None:  # Ray logs the full original tag ("0_lr=0.01"); older logs the index
+            by_tag[t.tag] = t.trial_id
+            by_tag.setdefault(t.tag.split("_")[0], t.trial_id)
     text = read_text(experiment.filesystem, posixpath.join(experiment.path, "pbt_global.txt")) or ""
     current: dict[str, dict[str, Any]] = {}
     for trial in snap.trials:
@@ -290,6 +319,7 @@ def pbt_lineage(
                 "new_config": new_config,
             }
         )
+    _fix_source_iterations(experiment, snap, records)
     exploits = pd.DataFrame.from_records(
         records, columns=["iteration", "target", "source", "source_iteration", "old_config", "new_config"]
     )

@@ -279,7 +279,7 @@ def _tag(trial: dict[str, Any], dir_name: str) -> str | None:
     """The trial's original experiment tag (its index), as PBT's logs name it."""
     tag = trial.get("experiment_tag")
     if isinstance(tag, str) and tag:
-        return tag.split("_")[0].split("@")[0]
+        return tag.split("@")[0]
     parts = dir_name.split("_")
     for i, part in enumerate(parts[:-1]):  # <trainable>_<id>_<index>_<params...>
         if len(part) == 5 and part.isdigit() and i + 1 < len(parts) and parts[i + 1].isdigit():

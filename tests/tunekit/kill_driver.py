@@ -19,6 +19,7 @@ import ray
 from ray import tune
 from ray.tune.execution.tune_controller import TuneController
 
+from callbacks import ParquetLogger
 from trainables import DigitsTrainable
 
 STOP = 8
@@ -88,7 +89,7 @@ def _kill_during_snapshot() -> None:
 
 def make_tuner(point: str, storage: str, name: str) -> tune.Tuner:
     """The experiment of this driver; ``point="none"`` is the uninterrupted reference."""
-    callbacks: list[tune.Callback] = []
+    callbacks: list[tune.Callback] = [ParquetLogger(batch_rows=4)]
     tune_config = tune.TuneConfig()
     param_space = {**CONFIG, "seed": tune.grid_search([1, 2])}
     if point == "training":

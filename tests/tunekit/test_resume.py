@@ -8,10 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from tests.tunekit.kill_driver import OPTUNA_TRIALS, STOP, make_tuner
 from tunekit import read_state
+from tunekit.analysis import load_results
 from tunekit.cli import main
 from tunekit.snapshot import read_experiment
 
@@ -57,6 +59,11 @@ def test_resume_after_kill_completes_every_trial_exactly(point, reference, stora
         for key, tensor in expected["models"]["model"].items():
             assert final["models"]["model"][key].equal(tensor), f"{trial.trial_id}: {key} differs"
     assert main(["verify", str(exp)]) == 0
+    # The Parquet log of the killed and the resumed driver: every iteration exactly once.
+    logged = load_results(str(exp), source="parquet")
+    assert logged.groupby("trial_id")["training_iteration"].apply(list).tolist() == [list(range(1, STOP + 1))] * 2
+    raw = pq.read_table(exp / "tunekit_results").to_pandas()  # before deduplication: nothing lost
+    assert all(set(its) == set(range(1, STOP + 1)) for its in raw.groupby("trial_id")["training_iteration"].apply(set))
 
 
 def test_optuna_search_resumes_with_its_state(ray_session, storage, capsys):

@@ -6,37 +6,15 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from ray import tune
 
-import ray.tune.examples as ray_examples
 from trainables import DigitsTrainable
 from tunekit import ExperimentError
 from tunekit.cli import main
 from tunekit.snapshot import read_experiment
-
-EXAMPLES = Path(ray_examples.__file__).parent
-
-
-@pytest.fixture(scope="module")
-def ray_example_runs(tmp_path_factory) -> dict[str, Path]:
-    """Ray's own example scripts, run unchanged (``--smoke-test``), results under a fresh HOME."""
-    home = tmp_path_factory.mktemp("home")
-    env = {**os.environ, "HOME": str(home), "RAY_AUTH_MODE": "disabled"}
-    runs = {}
-    for script, name in [("pbt_function.py", "pbt_function_api_example"), ("custom_func_checkpointing.py", "hyperband_test")]:
-        proc = subprocess.run(
-            [sys.executable, str(EXAMPLES / script), "--smoke-test"],
-            cwd=home, env=env, capture_output=True, text=True, timeout=600,
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        runs[script] = home / "ray_results" / name
-    return runs
-
 
 def test_status_reads_rays_example_experiments(ray_example_runs, capsys):
     pbt = ray_example_runs["pbt_function.py"]

@@ -1,0 +1,198 @@
+"""Results as pandas, best trial/checkpoint/model, PBT lineage, report and TensorBoard on real runs."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from ray import tune
+from ray.tune.schedulers import PopulationBasedTraining
+
+from callbacks import ParquetLogger
+from tests.tunekit.events import read_events
+from trainables import DigitsTrainable
+from trainables.digits import digits_model, evaluate
+from tunekit import ConfigError, ExperimentError
+from tunekit.analysis import best_checkpoint, best_trial, load_best_model, load_results, pbt_lineage
+from tunekit.cli import main
+from tunekit.report import write_report
+from tunekit.snapshot import read_experiment
+from tunekit.tensorboard import export_tensorboard
+
+STOP = 6
+
+
+@pytest.fixture(scope="module")
+def pbt_experiment(ray_session, tmp_path_factory) -> Path:
+    """A real synchronous PBT run of 4 digits trials: exploits are certain every 2 iterations."""
+    storage = tmp_path_factory.mktemp("pbt")
+    pbt = PopulationBasedTraining(
+        time_attr="training_iteration",
+        perturbation_interval=2,
+        quantile_fraction=0.5,
+        synch=True,
+        hyperparam_mutations={"lr": tune.loguniform(1e-3, 0.5)},
+    )
+    grid = tune.Tuner(
+        DigitsTrainable,
+        param_space={"hidden_size": 16, "steps_per_iteration": 4, "seed": 3,
+                     "lr": tune.grid_search([0.002, 0.01, 0.05, 0.2])},
+        tune_config=tune.TuneConfig(metric="accuracy", mode="max", scheduler=pbt, reuse_actors=True),
+        run_config=tune.RunConfig(
+            name="pbt", storage_path=str(storage), stop={"training_iteration": STOP},
+            checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True),
+            callbacks=[ParquetLogger(batch_rows=5)], verbose=0,
+        ),
+    ).fit()
+    assert not grid.errors
+    return storage / "pbt"
+
+
+def test_parquet_and_result_json_agree(pbt_experiment):
+    fast = load_results(str(pbt_experiment), source="parquet")
+    slow = load_results(str(pbt_experiment), source="json")
+    assert len(fast) == len(slow) == 4 * STOP
+    assert list(fast.columns[:2]) == ["trial_id", "training_iteration"] and "config/lr" in fast.columns
+    for column in ("accuracy", "loss", "config/lr"):
+        assert fast[column].tolist() == pytest.approx(slow[column].tolist())
+    assert (fast.groupby("trial_id")["training_iteration"].apply(list) == [list(range(1, STOP + 1))] * 4).all()
+
+
+def test_parquet_logger_handles_trials_with_different_keys(ray_session, storage):
+    def reporter(config):
+        for i in range(3):
+            tune.report({config["key"]: float(i), "shared": i if config["key"] == "a" else i + 0.5})
+
+    tune.Tuner(
+        reporter, param_space={"key": tune.grid_search(["a", "b"])},
+        run_config=tune.RunConfig(name="keys", storage_path=str(storage), callbacks=[ParquetLogger(batch_rows=2)], verbose=0),
+    ).fit()
+    df = load_results(str(storage / "keys"), source="parquet")
+    assert len(list((storage / "keys" / "tunekit_results").glob("*.parquet"))) >= 3  # batches
+    a, b = (df[df["config/key"] == k] for k in ("a", "b"))
+    assert a["a"].tolist() == [0.0, 1.0, 2.0] and a["b"].isna().all()
+    assert b["b"].tolist() == [0.0, 1.0, 2.0] and b["a"].isna().all()
+    assert df["shared"].tolist() == [0.0, 1.0, 2.0, 0.5, 1.5, 2.5]
+
+
+def _write_trial(exp: Path, name: str, rows: list[dict]) -> None:
+    trial = exp / name
+    trial.mkdir(parents=True)
+    (trial / "params.json").write_text(json.dumps(rows[0]["config"]))
+    (trial / "result.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _rows(trial_id: str, iterations: list[int], scores: list[float]) -> list[dict]:
+    return [{"trial_id": trial_id, "training_iteration": i, "score": s, "config": {"x": trial_id}}
+            for i, s in zip(iterations, scores)]
+
+
+def test_restored_iterations_count_once_keeping_the_lineage_that_went_on(tmp_path):
+    exp = tmp_path / "exp"
+    # Trial a ran to 4, was restored from its checkpoint at 2 and ran 3..5 again.
+    _write_trial(exp, "t_a", _rows("a", [1, 2, 3, 4, 3, 4, 5], [1, 2, 30, 40, 3, 4, 5]))
+    _write_trial(exp, "t_b", _rows("b", [1, 2, 3], [9, 9, 9]))
+    df = load_results(str(exp))
+    a = df[df["trial_id"] == "a"]
+    assert a["training_iteration"].tolist() == [1, 2, 3, 4, 5]
+    assert a["score"].tolist() == [1, 2, 3, 4, 5]  # the re-run values, not the abandoned ones
+    assert df.loc[df["trial_id"] == "b", "config/x"].tolist() == ["b"] * 3
+
+
+@pytest.mark.parametrize(
+    "scope, mode, expected",
+    [("last", "max", "b"), ("max", "max", "a"), ("min", "min", "a"), ("mean", "max", "b"), ("mean", "min", "a")],
+)
+def test_best_trial_over_each_scope(tmp_path, scope, mode, expected):
+    exp = tmp_path / "exp"
+    _write_trial(exp, "t_a", _rows("a", [1, 2, 3], [1.0, 5.0, 2.0]))
+    _write_trial(exp, "t_b", _rows("b", [1, 2, 3], [3.0, 3.0, 3.0]))
+    assert best_trial(str(exp), metric="score", mode=mode, scope=scope).trial_id == expected
+
+
+def test_best_trial_errors_are_clear(tmp_path):
+    exp = tmp_path / "exp"
+    _write_trial(exp, "t_a", _rows("a", [1], [1.0]))
+    with pytest.raises(ConfigError, match="metric 'nope' is not in the results"):
+        best_trial(str(exp), metric="nope", mode="max")
+    with pytest.raises(ConfigError, match="expected 'max' or 'min'"):
+        best_trial(str(exp), metric="score", mode="best")
+    with pytest.raises(ExperimentError, match="has no checkpoint"):
+        best_checkpoint(str(exp), metric="score", mode="max")
+
+
+def test_best_model_loads_for_inference(pbt_experiment):
+    best = best_trial(str(pbt_experiment), metric="accuracy", mode="max", scope="max")
+    model = load_best_model(str(pbt_experiment), digits_model(16), metric="accuracy", mode="max", scope="max")
+    assert not model.training
+    with torch.no_grad():
+        accuracy = evaluate(model, torch.device("cpu"))["accuracy"]
+    # The best trial's checkpoint with the best recorded accuracy is what got loaded.
+    trial = next(t for t in read_experiment(str(pbt_experiment)).trials if t.trial_id == best.trial_id)
+    recorded = max(c.metrics["accuracy"] for c in trial.checkpoints if "accuracy" in c.metrics)
+    assert best.checkpoint == max(trial.checkpoints, key=lambda c: c.metrics.get("accuracy", -1)).uri
+    assert accuracy == pytest.approx(recorded, abs=1e-6)
+
+
+def test_pbt_lineage_matches_what_happened(pbt_experiment):
+    df = load_results(str(pbt_experiment))
+    lineage = pbt_lineage(str(pbt_experiment))
+    exploits = lineage.exploits
+    assert len(exploits) >= 2 and set(exploits["iteration"]) <= {2, 4}
+    for row in exploits.itertuples():
+        assert row.target != row.source and row.source_iteration == row.iteration
+        after = df[(df["trial_id"] == row.target) & (df["training_iteration"] == row.iteration + 1)]
+        assert after["config/lr"].item() == pytest.approx(row.new_config["lr"])  # the mutated config ran on
+        before = df[(df["trial_id"] == row.target) & (df["training_iteration"] == row.iteration)]
+        if not before.empty and row.Index == exploits[exploits["target"] == row.target].index[0]:
+            assert before["config/lr"].item() == pytest.approx(row.old_config["lr"])
+    for trial_id, segments in lineage.ancestry.items():
+        covered = [i for _, first, last in segments for i in range(first, last + 1)]
+        assert covered == list(range(1, STOP + 1)), (trial_id, segments)
+    exploited = set(exploits["target"])
+    assert all(len(lineage.ancestry[t]) >= 2 for t in exploited)
+
+
+def test_report_writes_a_page_with_plots(pbt_experiment, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["report", str(pbt_experiment), "--output", str(out), "--metric", "accuracy", "--mode", "max"]) == 0
+    page = (out / "index.html").read_text()
+    best = best_trial(str(pbt_experiment), metric="accuracy", mode="max")
+    assert page.count("data:image/png;base64,") == 4  # curves, scatter, lineage, schedules
+    for name in ("learning_curves", "hyperparameters", "lineage", "schedules"):
+        data = (out / f"{name}.png").read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24])[0] > 300
+    assert best.trial_id in page and "PBT exploits" in page and "tensorboard --logdir" in page
+    assert all(t.trial_id in page for t in read_experiment(str(pbt_experiment)).trials)
+    assert f"{best.trial_id} = {best.value:.4g}" in capsys.readouterr().out
+
+
+def test_report_guesses_the_metric_and_refuses_non_experiments(ray_example_runs, tmp_path, capsys):
+    summary = write_report(str(ray_example_runs["pbt_function.py"]), output=tmp_path / "r")
+    assert (summary.metric, summary.mode) == ("mean_accuracy", "max")
+    assert main(["report", str(tmp_path / "nothing")]) == 2
+    assert "no such experiment directory" in capsys.readouterr().err
+
+
+def test_tensorboard_export_has_scalars_and_hparams(pbt_experiment, tmp_path):
+    logdir = export_tensorboard(str(pbt_experiment), tmp_path / "tb")
+    runs = sorted(p for p in logdir.iterdir() if p.is_dir())
+    assert len(runs) == 4
+    for run in runs:
+        scalars, plugins = read_events(run)
+        assert [step for step, _ in scalars["accuracy"]] == list(range(1, STOP + 1))
+        assert "hparams" in plugins
+        df = load_results(str(pbt_experiment))
+        expected = df[df["trial_id"] == run.name]["accuracy"].tolist()
+        assert [v for _, v in scalars["accuracy"]] == pytest.approx(expected, rel=1e-6)
+
+
+def test_load_results_of_an_empty_experiment_is_empty(tmp_path):
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "experiment_state-2026.json").write_text('{"trial_data": []}')
+    assert load_results(str(tmp_path / "exp")).empty
+    assert isinstance(load_results(str(tmp_path / "exp")), pd.DataFrame)
