@@ -8,6 +8,7 @@ import time
 import uuid
 from typing import Any, Callable
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from ray import tune
@@ -28,7 +29,11 @@ class ParquetLogger(tune.Callback):
     have passed, when a trial checkpoints, completes or fails, and at the end.
     Each batch is one new file (named by driver session and sequence, so
     files sort in the order they were written), on the experiment's own
-    storage (local, S3, ...). A driver killed with ``kill -9`` loses only the
+    storage (local, S3, ...). When the experiment ends, the session's batch
+    files are compacted into one (``part-<session>-all.parquet``), which
+    makes reading a large experiment several times faster; a crash between
+    writing it and deleting the batches leaves duplicate rows that readers
+    drop. A driver killed with ``kill -9`` loses only the
     rows of its unwritten batch; rows after a trial's last checkpoint are
     reported and logged again when the experiment resumes, and
     :func:`tunekit.analysis.load_results` keeps each iteration once.
@@ -55,6 +60,7 @@ class ParquetLogger(tune.Callback):
         self._target: tuple[pafs.FileSystem, str] | None = None
         self._session = ""
         self._seq = 0
+        self._written: list[str] = []
         self._last_flush = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -86,6 +92,23 @@ class ParquetLogger(tune.Callback):
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         self.flush()
+        self.compact()
+
+    def compact(self) -> None:
+        """Merge this session's batch files into one file, then delete them."""
+        if len(self._written) < 2 or self._target is None:
+            return
+        fs, experiment = self._target
+        tables = [pq.read_table(path, filesystem=fs) for path in self._written]
+        try:
+            merged = pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return  # a key changed type between batches: keep the batch files as they are
+        name = posixpath.join(experiment, RESULTS_DIR, f"part-{self._session}-all.parquet")
+        self._write(fs, merged, name)
+        for path in self._written:
+            fs.delete_file(path)
+        self._written = [name]
 
     def flush(self) -> None:
         """Write the buffered rows as one Parquet file (storage errors are raised)."""
@@ -94,14 +117,18 @@ class ParquetLogger(tune.Callback):
             return
         fs, experiment = self._target
         directory = posixpath.join(experiment, RESULTS_DIR)
-        name = f"part-{self._session or 'nosetup'}-{self._seq:06d}.parquet"
-        table = rows_to_table(self._rows)
         fs.create_dir(directory, recursive=True)
-        if isinstance(fs, pafs.LocalFileSystem):
-            tmp = posixpath.join(directory, f".{name}.tmp")
-            pq.write_table(table, tmp, filesystem=fs)
-            fs.move(tmp, posixpath.join(directory, name))
-        else:  # an object store makes an object visible only once it is whole
-            pq.write_table(table, posixpath.join(directory, name), filesystem=fs)
+        path = posixpath.join(directory, f"part-{self._session or 'nosetup'}-{self._seq:06d}.parquet")
+        self._write(fs, rows_to_table(self._rows), path)
+        self._written.append(path)
         self._seq += 1
         self._rows = []
+
+    @staticmethod
+    def _write(fs: pafs.FileSystem, table: pa.Table, path: str) -> None:
+        if isinstance(fs, pafs.LocalFileSystem):
+            tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.tmp")
+            pq.write_table(table, tmp, filesystem=fs)
+            fs.move(tmp, path)
+        else:  # an object store makes an object visible only once it is whole
+            pq.write_table(table, path, filesystem=fs)

@@ -9,14 +9,18 @@ Example:
 
 from __future__ import annotations
 
+import io
 import json
 import posixpath
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.dataset as pads
 import pyarrow.fs as pafs
+import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from tunekit.checkpoint import load_model
@@ -49,16 +53,23 @@ def _order_columns(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _dedupe_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """Keep, per trial, the rows no later row supersedes (a later row with iteration <= it)."""
+    """Keep, per trial, the rows no later row supersedes (a later row with iteration <= it).
+
+    Rows come in the order they were logged; the result is sorted by trial and iteration.
+    """
     if df.empty or _ITER not in df.columns:
         return df.reset_index(drop=True)
-    rev = df.iloc[::-1]
-    iters = pd.to_numeric(rev[_ITER], errors="coerce")
-    later_min = iters.groupby(rev["trial_id"].values).cummin()
-    exclusive = later_min.groupby(rev["trial_id"].values).shift(1)
-    keep = exclusive.isna() | (iters < exclusive)
-    out = rev[keep.values].iloc[::-1]
-    return out.sort_values(["trial_id", _ITER], kind="stable").reset_index(drop=True)
+    df = df.reset_index(drop=True)
+    trials = df["trial_id"].to_numpy()
+    iters = pd.to_numeric(df[_ITER], errors="coerce")
+    steps = iters.groupby(trials, sort=False).diff()
+    if (steps <= 0).any():  # some trial went back: a restore re-ran iterations
+        rev_iters = iters.iloc[::-1]
+        later_min = rev_iters.groupby(trials[::-1], sort=False).cummin()
+        exclusive = later_min.groupby(trials[::-1], sort=False).shift(1)
+        keep = (exclusive.isna() | (rev_iters < exclusive)).to_numpy()[::-1]
+        df = df[keep]
+    return df.sort_values(["trial_id", _ITER], kind="stable").reset_index(drop=True)
 
 
 def _parquet_parts(experiment: Storage) -> list[str]:
@@ -74,27 +85,57 @@ def _parquet_parts(experiment: Storage) -> list[str]:
 
 
 def _from_parquet(experiment: Storage, parts: list[str]) -> pd.DataFrame:
-    tables = [pq.read_table(path, filesystem=experiment.filesystem) for path in parts]
-    try:
-        table = pa.concat_tables(tables, promote_options="permissive")
-        return table.to_pandas()
-    except (pa.ArrowInvalid, pa.ArrowTypeError):  # a key changed type between batches
-        return pd.concat([t.to_pandas() for t in tables], ignore_index=True, sort=False)
+    fs = experiment.filesystem
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        schemas = list(pool.map(lambda path: pq.read_schema(path, filesystem=fs), parts))
+    schema = schemas[0]
+    if any(not other.equals(schema) for other in schemas[1:]):  # trials with other keys
+        try:
+            schema = pa.unify_schemas(schemas, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # a key changed type between batches
+            tables = [pq.read_table(path, filesystem=fs) for path in parts]
+            return pd.concat([t.to_pandas() for t in tables], ignore_index=True, sort=False)
+    dataset = pads.dataset(parts, schema=schema, format="parquet", filesystem=fs)
+    return dataset.to_table().to_pandas()
+
+
+def _read_files(fs: pafs.FileSystem, paths: list[str]) -> list[bytes]:
+    def read(path: str) -> bytes:
+        try:
+            with fs.open_input_stream(path) as stream:
+                return stream.read()
+        except FileNotFoundError:
+            return b""
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(read, paths))
 
 
 def _from_result_json(experiment: Storage) -> pd.DataFrame:
     fs = experiment.filesystem
-    rows: list[dict[str, Any]] = []
-    for trial in find_trials(experiment):
-        text = read_text(fs, posixpath.join(trial.location.path, "result.json"))
-        if not text:
-            continue
-        parsed, _ = parse_result_lines(text)
-        for row in parsed:
-            flat = flatten_result(row)
-            flat.setdefault("trial_id", trial.name)
-            rows.append(flat)
-    return pd.DataFrame.from_records(rows)
+    trials = [t for t in find_trials(experiment)]
+    blobs = _read_files(fs, [posixpath.join(t.location.path, "result.json") for t in trials])
+    try:  # fast: one C++ JSON parse over every trial's lines
+        data = b"\n".join(b for b in (blob.strip() for blob in blobs) if b)
+        if not data:
+            return pd.DataFrame()
+        table = pajson.read_json(io.BytesIO(data), read_options=pajson.ReadOptions(block_size=1 << 24))
+        while any(pa.types.is_struct(f.type) for f in table.schema):
+            table = table.flatten()
+        df = table.to_pandas()
+        df.columns = [c.replace(".", "/") for c in df.columns]
+        if "trial_id" not in df.columns:
+            raise ValueError("rows without trial_id")
+        return df
+    except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError):  # torn lines, type changes: row by row
+        rows: list[dict[str, Any]] = []
+        for trial, blob in zip(trials, blobs):
+            parsed, _ = parse_result_lines(blob.decode("utf-8", errors="replace"))
+            for row in parsed:
+                flat = flatten_result(row)
+                flat.setdefault("trial_id", trial.name)
+                rows.append(flat)
+        return pd.DataFrame.from_records(rows)
 
 
 def load_results(

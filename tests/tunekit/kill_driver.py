@@ -24,7 +24,8 @@ from trainables import DigitsTrainable
 
 STOP = 8
 CONFIG = {"hidden_size": 16, "batch_size": 32, "steps_per_iteration": 5}
-OPTUNA_TRIALS = 6
+OPTUNA_TRIALS = 5
+OPTUNA_STOP = 3
 
 
 def _die() -> None:
@@ -115,7 +116,7 @@ def make_tuner(point: str, storage: str, name: str) -> tune.Tuner:
         run_config=tune.RunConfig(
             name=name,
             storage_path=storage,
-            stop={"training_iteration": STOP},
+            stop={"training_iteration": OPTUNA_STOP if point == "optuna" else STOP},
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2, checkpoint_at_end=True),
             callbacks=callbacks,
             verbose=0,

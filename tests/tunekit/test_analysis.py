@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.fs as pafs
 import pytest
 import torch
 from ray import tune
@@ -16,7 +17,7 @@ from callbacks import ParquetLogger
 from tests.tunekit.events import read_events
 from trainables import DigitsTrainable
 from trainables.digits import digits_model, evaluate
-from tunekit import ConfigError, ExperimentError
+from tunekit import ConfigError, ExperimentError, resolve_storage
 from tunekit.analysis import best_checkpoint, best_trial, load_best_model, load_results, pbt_lineage
 from tunekit.cli import main
 from tunekit.report import write_report
@@ -62,17 +63,22 @@ def test_parquet_and_result_json_agree(pbt_experiment):
     assert (fast.groupby("trial_id")["training_iteration"].apply(list) == [list(range(1, STOP + 1))] * 4).all()
 
 
-def test_parquet_logger_handles_trials_with_different_keys(ray_session, storage):
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_parquet_logger_handles_trials_with_different_keys(ray_session, storage, where, request):
     def reporter(config):
         for i in range(3):
             tune.report({config["key"]: float(i), "shared": i if config["key"] == "a" else i + 0.5})
 
+    base = str(storage) if where == "local" else request.getfixturevalue("s3_bucket").uri("runs")
     tune.Tuner(
         reporter, param_space={"key": tune.grid_search(["a", "b"])},
-        run_config=tune.RunConfig(name="keys", storage_path=str(storage), callbacks=[ParquetLogger(batch_rows=2)], verbose=0),
+        run_config=tune.RunConfig(name="keys", storage_path=base, callbacks=[ParquetLogger(batch_rows=2)], verbose=0),
     ).fit()
-    df = load_results(str(storage / "keys"), source="parquet")
-    assert len(list((storage / "keys" / "tunekit_results").glob("*.parquet"))) >= 3  # batches
+    exp = resolve_storage(base).join("keys")
+    df = load_results(exp, source="parquet")
+    parts = exp.filesystem.get_file_info(pafs.FileSelector(exp.join("tunekit_results").path))
+    names = [p.base_name for p in parts if p.base_name.endswith(".parquet")]
+    assert len(names) == 1 and names[0].endswith("-all.parquet")  # batches compacted at the end
     a, b = (df[df["config/key"] == k] for k in ("a", "b"))
     assert a["a"].tolist() == [0.0, 1.0, 2.0] and a["b"].isna().all()
     assert b["b"].tolist() == [0.0, 1.0, 2.0] and b["a"].isna().all()
@@ -142,17 +148,18 @@ def test_pbt_lineage_matches_what_happened(pbt_experiment):
     df = load_results(str(pbt_experiment))
     lineage = pbt_lineage(str(pbt_experiment))
     exploits = lineage.exploits
-    assert len(exploits) >= 2 and set(exploits["iteration"]) <= {2, 4}
+    table = exploits.to_string() + "\n" + df[["trial_id", "training_iteration", "config/lr"]].to_string()
+    assert len(exploits) >= 2 and set(exploits["iteration"]) <= {2, 4}, table
     for row in exploits.itertuples():
-        assert row.target != row.source and row.source_iteration == row.iteration
+        assert row.target != row.source and row.source_iteration == row.iteration, table
         after = df[(df["trial_id"] == row.target) & (df["training_iteration"] == row.iteration + 1)]
-        assert after["config/lr"].item() == pytest.approx(row.new_config["lr"])  # the mutated config ran on
+        assert after["config/lr"].tolist() == pytest.approx([row.new_config["lr"]]), table  # mutated config ran on
         before = df[(df["trial_id"] == row.target) & (df["training_iteration"] == row.iteration)]
         if not before.empty and row.Index == exploits[exploits["target"] == row.target].index[0]:
-            assert before["config/lr"].item() == pytest.approx(row.old_config["lr"])
+            assert before["config/lr"].tolist() == pytest.approx([row.old_config["lr"]]), table
     for trial_id, segments in lineage.ancestry.items():
         covered = [i for _, first, last in segments for i in range(first, last + 1)]
-        assert covered == list(range(1, STOP + 1)), (trial_id, segments)
+        assert covered == list(range(1, STOP + 1)), (trial_id, segments, table)
     exploited = set(exploits["target"])
     assert all(len(lineage.ancestry[t]) >= 2 for t in exploited)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.tunekit.kill_driver import OPTUNA_TRIALS, STOP, make_tuner
+from tests.tunekit.kill_driver import OPTUNA_STOP, OPTUNA_TRIALS, STOP, make_tuner
 from tunekit import read_state
 from tunekit.analysis import load_results
 from tunekit.cli import main
@@ -79,7 +79,7 @@ def test_optuna_search_resumes_with_its_state(ray_session, storage, capsys):
     kept = {t.trial_id: (t.config["lr"], t.config["momentum"]) for t in before.trials}
     assert all(dict((t.trial_id, s) for t, s in zip(after.trials, suggestions)).get(k) == v for k, v in kept.items())
     for trial in after.trials:
-        assert [r["training_iteration"] for r in trial.results] == list(range(1, STOP + 1))
+        assert [r["training_iteration"] for r in trial.results] == list(range(1, OPTUNA_STOP + 1))
 
 
 def test_resume_needs_a_trainable_it_can_find(tmp_path, capsys):

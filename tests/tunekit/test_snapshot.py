@@ -117,5 +117,7 @@ def test_inspection_never_unpickles(ray_example_runs, tmp_path, capsys):
     assert main(["status", str(exp)]) == 0
     assert main(["status", str(exp), "--json"]) == 0
     assert main(["verify", str(exp)]) == 0
+    assert main(["report", str(exp), "--output", str(tmp_path / "report")]) == 0
     capsys.readouterr()
+    assert (tmp_path / "report" / "index.html").exists()
     assert not marker.exists()
