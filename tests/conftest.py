@@ -65,6 +65,21 @@ def fresh_ray() -> Iterator[object]:
 
 
 @pytest.fixture
+def ray_with_logical_gpus() -> Iterator[None]:
+    """A Ray told it has 1 GPU (none is real), for the GPU scheduling path; the shared Ray comes back after."""
+    import ray
+
+    was_running = ray.is_initialized()
+    if was_running:
+        ray.shutdown()
+    _init_ray(num_gpus=1)
+    yield
+    ray.shutdown()
+    if was_running:
+        _init_ray()
+
+
+@pytest.fixture
 def storage(tmp_path: Path) -> Path:
     """An empty local storage directory for experiments."""
     path = tmp_path / "storage"

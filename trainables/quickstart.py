@@ -13,6 +13,7 @@ from typing import Any, TextIO
 import pyarrow.fs as pafs
 
 from tunekit.errors import ConfigError
+from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
 from tunekit.storage import DEFAULT_STORAGE_PATH, probe_storage, resolve_storage
 
 __all__ = ["DEFAULT_STORAGE", "QuickstartSummary", "run_quickstart"]
@@ -74,7 +75,6 @@ def run_quickstart(
     """
     import ray
     from ray import tune
-    from ray.tune.schedulers import PopulationBasedTraining
 
     from callbacks import ProgressPrinter
     from trainables.class_api import DigitsTrainable
@@ -115,14 +115,18 @@ def run_quickstart(
         print(f"results go to {experiment.uri}", file=out, flush=True)
 
         interval = max(1, max_iterations // 4)
-        pbt = PopulationBasedTraining(
-            time_attr="training_iteration",
+        quiet_pbt_keep_warning()  # Ray never deletes the newest checkpoint, the one PBT clones
+        pbt = pbt_setup(
+            DigitsTrainable,
+            metric=METRIC,
+            mode="max",
             perturbation_interval=interval,
-            hyperparam_mutations={
+            mutations={
                 "lr": tune.loguniform(1e-3, 0.5),
                 "momentum": [0.0, 0.5, 0.8, 0.9, 0.95],
             },
-            quantile_fraction=0.25,
+            num_to_keep=2,
+            checkpoint_score_attribute=METRIC,
         )
         trainable = tune.with_resources(DigitsTrainable, {"cpu": 1, "gpu": gpus_per_trial})
         tuner = tune.Tuner(
@@ -134,20 +138,12 @@ def run_quickstart(
                 "batch_size": 64,
                 "seed": tune.randint(0, 10_000),
             },
-            tune_config=tune.TuneConfig(
-                metric=METRIC, mode="max", scheduler=pbt, num_samples=num_samples, reuse_actors=True
-            ),
+            tune_config=tune.TuneConfig(**pbt.tune_config_kwargs(), num_samples=num_samples),
             run_config=tune.RunConfig(
                 name=name,
                 **storage.run_config_kwargs(),
                 stop={"training_iteration": max_iterations},
-                checkpoint_config=tune.CheckpointConfig(
-                    checkpoint_frequency=interval,
-                    checkpoint_at_end=True,
-                    num_to_keep=2,
-                    checkpoint_score_attribute=METRIC,
-                    checkpoint_score_order="max",
-                ),
+                checkpoint_config=pbt.checkpoint_config,
                 callbacks=[ProgressPrinter(METRIC, stream=out)],
                 verbose=0,
             ),

@@ -115,6 +115,8 @@ def _fetch(checkpoint: tune.Checkpoint, temps: list[str]) -> tuple[tune.Checkpoi
     """A local, verified view of ``checkpoint`` (downloaded once if remote)."""
     if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
         return checkpoint, verify_checkpoint(checkpoint)
+    if checkpoint.filesystem.get_file_info(checkpoint.path).type == pafs.FileType.NotFound:
+        return checkpoint, CheckpointReport(checkpoint.path, "incomplete", ["directory is missing"])
     local = tempfile.mkdtemp(prefix="tunekit-restore-")
     temps.append(local)
     try:
@@ -126,8 +128,8 @@ def _fetch(checkpoint: tune.Checkpoint, temps: list[str]) -> tuple[tune.Checkpoi
     return tune.Checkpoint.from_directory(local), report
 
 
-def _earlier_checkpoints(checkpoint: tune.Checkpoint) -> list[tune.Checkpoint]:
-    """The same trial's checkpoints before ``checkpoint``, newest first."""
+def _other_checkpoints(checkpoint: tune.Checkpoint, *, newer_too: bool) -> list[tune.Checkpoint]:
+    """The same trial's other checkpoints (before ``checkpoint`` unless ``newer_too``), newest first."""
     match = _CHECKPOINT_DIR.match(posixpath.basename(checkpoint.path.rstrip("/")))
     if not match:
         return []
@@ -135,7 +137,9 @@ def _earlier_checkpoints(checkpoint: tune.Checkpoint) -> list[tune.Checkpoint]:
     found = []
     for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
         other = _CHECKPOINT_DIR.match(info.base_name)
-        if info.type == pafs.FileType.Directory and other and int(other[1]) < int(match[1]):
+        if info.type == pafs.FileType.Directory and other and other[1] != match[1] and (
+            newer_too or int(other[1]) < int(match[1])
+        ):
             found.append((int(other[1]), info.path))
     return [tune.Checkpoint(path, filesystem=fs) for _, path in sorted(found, reverse=True)]
 
@@ -158,7 +162,11 @@ def prepare_restore(checkpoint: Any) -> tuple[_TrainingResult, list[str]]:
         if report.ok:
             return _TrainingResult(checkpoint=local, metrics=requested.metrics), temps
         skipped = [report]
-        for candidate in _earlier_checkpoints(requested.checkpoint):
+        # A checkpoint deleted meanwhile (Ray keeps only ``num_to_keep``; a PBT
+        # donor may have moved on) is replaced by the trial's newest good one;
+        # a damaged one by the newest good one before it.
+        missing = report.problems == ["directory is missing"]
+        for candidate in _other_checkpoints(requested.checkpoint, newer_too=missing):
             local, candidate_report = _fetch(candidate, temps)
             if not candidate_report.ok:
                 skipped.append(candidate_report)
@@ -174,7 +182,7 @@ def prepare_restore(checkpoint: Any) -> tuple[_TrainingResult, list[str]]:
             return _TrainingResult(checkpoint=local, metrics=metrics), temps
         raise CheckpointError(
             f"cannot restore: checkpoint {report.describe()}; the trial has no good "
-            "checkpoint before it to fall back to"
+            f"checkpoint {'left' if missing else 'before it'} to fall back to"
         )
     except BaseException:
         remove_temps(temps)

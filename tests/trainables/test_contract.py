@@ -62,9 +62,25 @@ def test_resume_in_fresh_process_is_bit_exact(ray_session, trainable, storage):
     assert [r["training_iteration"] for r in second_results] == [4, 5, 6]
 
 
-def test_killed_worker_finishes_with_same_weights(ray_session, trainable, storage):
-    kwargs = dict(stop=8, checkpoint_frequency=2, checkpoint_at_end=True)
-    plain = _fit(trainable, storage, "plain", **kwargs)[0]
+PLAIN = dict(stop=8, checkpoint_frequency=2, checkpoint_at_end=True)
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory):
+    """The uninterrupted reference run of each trainable, made once per module."""
+    cache = {}
+
+    def get(trainable):
+        if trainable not in cache:
+            cache[trainable] = _fit(trainable, tmp_path_factory.mktemp("plain"), "plain", **PLAIN)[0]
+        return cache[trainable]
+
+    return get
+
+
+def test_killed_worker_finishes_with_same_weights(ray_session, trainable, storage, plain_run):
+    kwargs = PLAIN
+    plain = plain_run(trainable)
     killed = _fit(trainable, storage, "killed", callbacks=[KillActorOnce(5)], max_failures=2, **kwargs)[0]
 
     df = killed.metrics_dataframe
@@ -77,9 +93,9 @@ def test_killed_worker_finishes_with_same_weights(ray_session, trainable, storag
     assert killed.metrics["accuracy"] == plain.metrics["accuracy"]
 
 
-def test_damaged_checkpoint_falls_back_to_newest_good_one(ray_session, trainable, storage):
-    kwargs = dict(stop=8, checkpoint_frequency=2, checkpoint_at_end=True)
-    plain = _fit(trainable, storage, "plain", **kwargs)[0]
+def test_damaged_checkpoint_falls_back_to_newest_good_one(ray_session, trainable, storage, plain_run):
+    kwargs = PLAIN
+    plain = plain_run(trainable)
     damage = DamageAndKill(at=5)
     restored = _fit(trainable, storage, "fallback", callbacks=[damage], max_failures=2, **kwargs)[0]
 

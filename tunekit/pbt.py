@@ -1,0 +1,155 @@
+"""A consistent Population Based Training setup for tunekit trainables.
+
+:func:`pbt_setup` builds the three pieces that must agree with each other:
+
+* ``PopulationBasedTraining`` over hyperparameters the trainable can change in
+  place (a PBT exploit applies the mutated values to the restored optimizer);
+* ``TuneConfig`` keyword arguments with ``reuse_actors=True`` (an exploit then
+  resets and restores an actor instead of starting a new process);
+* a ``CheckpointConfig`` whose frequency is the perturbation interval, so the
+  checkpoint an exploit clones is the donor's state at the perturbation, never
+  a stale one (tunekit trainables write one checkpoint per iteration however
+  often they are asked). Ray Tune always keeps a trial's newest checkpoint, so
+  ``num_to_keep`` can be as low as 1 without an exploit pointing at a deleted
+  checkpoint.
+
+Example:
+    >>> from ray import tune
+    >>> from trainables import DigitsTrainable
+    >>> setup = pbt_setup(DigitsTrainable, metric="accuracy", mode="max",
+    ...                   perturbation_interval=4, mutations={"lr": tune.loguniform(1e-3, 0.5)})
+    >>> setup.checkpoint_config.checkpoint_frequency, setup.tune_config_kwargs()["reuse_actors"]
+    (4, True)
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Mapping
+
+from ray import tune
+from ray.tune.schedulers import PopulationBasedTraining
+
+from tunekit.errors import ConfigError
+from tunekit.hparams import DEFAULT_MUTABLE
+
+__all__ = ["PBTSetup", "mutable_hyperparameters", "pbt_setup", "quiet_pbt_keep_warning"]
+
+
+def mutable_hyperparameters(trainable: Any) -> tuple[str, ...]:
+    """Hyperparameters ``trainable`` can change in place during a trial.
+
+    tunekit class trainables say so with ``mutable()``; function trainables
+    (``function_trainable``) handle :data:`~tunekit.hparams.DEFAULT_MUTABLE`
+    unless their session was given other ones.
+    """
+    base = getattr(trainable, "__wrapped__", trainable)  # tune.with_resources keeps the class
+    mutable = getattr(base, "mutable", None)
+    if callable(mutable):
+        return tuple(mutable())
+    return DEFAULT_MUTABLE
+
+
+@dataclass
+class PBTSetup:
+    """What :func:`pbt_setup` built: pass the pieces to ``tune.Tuner``."""
+
+    scheduler: PopulationBasedTraining
+    checkpoint_config: tune.CheckpointConfig
+    metric: str
+    mode: str
+
+    def tune_config_kwargs(self) -> dict[str, Any]:
+        """``tune.TuneConfig(**setup.tune_config_kwargs(), num_samples=...)``."""
+        return {"metric": self.metric, "mode": self.mode, "scheduler": self.scheduler, "reuse_actors": True}
+
+
+def pbt_setup(
+    trainable: Any,
+    *,
+    metric: str,
+    mode: Literal["max", "min"],
+    perturbation_interval: int,
+    mutations: Mapping[str, Any] | None = None,
+    custom_explore_fn: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    quantile_fraction: float = 0.25,
+    resample_probability: float = 0.25,
+    synch: bool = False,
+    num_to_keep: int | None = None,
+    checkpoint_score_attribute: str | None = None,
+    allow_rebuild: tuple[str, ...] = (),
+) -> PBTSetup:
+    """Build a PBT scheduler, checkpoint config and tune-config arguments that agree.
+
+    Args:
+        trainable: The trainable the Tuner runs (used to check the mutations).
+        metric, mode: What PBT ranks trials by.
+        perturbation_interval: Iterations between perturbations (>= 1); also
+            the checkpoint frequency.
+        mutations: ``hyperparam_mutations`` for Ray's PBT; every key must be
+            a hyperparameter the trainable changes in place.
+        custom_explore_fn: Ray's ``custom_explore_fn`` (with or instead of mutations).
+        quantile_fraction: Share of the population that exploits / is exploited (0, 0.5].
+        resample_probability: Chance to resample instead of perturb, [0, 1].
+        synch: Synchronous PBT (all trials perturb together).
+        num_to_keep: Checkpoints kept per trial (>= 1, None keeps all).
+        checkpoint_score_attribute: Rank kept checkpoints by this metric (in
+            ``mode``); the newest checkpoint is always kept as well.
+        allow_rebuild: Keys the trainable reads from its config at every step
+            (so a mutation takes effect without in-place support); accepted
+            in ``mutations`` although not declared mutable.
+
+    Raises:
+        ConfigError: an inconsistent or invalid setting, naming it.
+    """
+    call = "pbt_setup"
+    if mode not in ("max", "min"):
+        raise ConfigError(f"{call}(mode={mode!r}): expected 'max' or 'min'")
+    if not isinstance(metric, str) or not metric:
+        raise ConfigError(f"{call}(metric={metric!r}): expected a metric name")
+    if isinstance(perturbation_interval, bool) or not isinstance(perturbation_interval, int) or perturbation_interval < 1:
+        raise ConfigError(f"{call}(perturbation_interval={perturbation_interval!r}): must be an integer >= 1")
+    if not mutations and custom_explore_fn is None:
+        raise ConfigError(f"{call}(mutations={mutations!r}): give mutations and/or custom_explore_fn")
+    if not 0 < quantile_fraction <= 0.5:
+        raise ConfigError(f"{call}(quantile_fraction={quantile_fraction!r}): must be in (0, 0.5]")
+    if not 0 <= resample_probability <= 1:
+        raise ConfigError(f"{call}(resample_probability={resample_probability!r}): must be in [0, 1]")
+    if num_to_keep is not None and (isinstance(num_to_keep, bool) or not isinstance(num_to_keep, int) or num_to_keep < 1):
+        raise ConfigError(f"{call}(num_to_keep={num_to_keep!r}): must be an integer >= 1 or None")
+    mutable = set(mutable_hyperparameters(trainable)) | set(allow_rebuild)
+    unknown = sorted(set(mutations or {}) - mutable)
+    if unknown:
+        name = getattr(trainable, "__name__", type(trainable).__name__)
+        raise ConfigError(
+            f"{call}(mutations={sorted(mutations or {})}): {name} cannot change {unknown} in place "
+            f"during a trial (it can change {sorted(mutable)}); declare them in "
+            "mutable_hyperparameters (and apply them in apply_hyperparameters), or list them in allow_rebuild"
+        )
+    scheduler = PopulationBasedTraining(
+        time_attr="training_iteration",
+        perturbation_interval=perturbation_interval,
+        hyperparam_mutations=dict(mutations or {}),
+        custom_explore_fn=custom_explore_fn,
+        quantile_fraction=quantile_fraction,
+        resample_probability=resample_probability,
+        synch=synch,
+    )
+    checkpoint_config = tune.CheckpointConfig(
+        checkpoint_frequency=perturbation_interval,
+        checkpoint_at_end=True,
+        num_to_keep=num_to_keep,
+        checkpoint_score_attribute=checkpoint_score_attribute,
+        checkpoint_score_order=mode,
+    )
+    return PBTSetup(scheduler, checkpoint_config, metric, mode)
+
+
+def quiet_pbt_keep_warning() -> None:
+    """Silence Ray's warning about ``num_to_keep <= 2`` with PBT.
+
+    Ray Tune never deletes a trial's newest checkpoint, which is the one an
+    exploit clones, so the warning does not apply to setups from :func:`pbt_setup`.
+    """
+    warnings.filterwarnings("ignore", message=r"Using `CheckpointConfig.num_to_keep <= 2` with PBT")
