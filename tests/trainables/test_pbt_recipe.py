@@ -38,14 +38,13 @@ def test_setup_aligns_checkpoints_with_perturbations():
 
 
 class _Placement(tune.Callback):
-    """Record each trial's resources and how many trials ran at once."""
+    """Record the resources each trial ran with."""
 
     def __init__(self) -> None:
-        self.resources, self.most_running = {}, 0
+        self.resources = {}
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self.resources[trial.trial_id] = trial.placement_group_factory.required_resources
-        self.most_running = max(self.most_running, sum(t.status == "RUNNING" for t in trials))
 
 
 def test_fractional_gpu_trials_schedule_on_a_logical_gpu(ray_with_logical_gpus, storage):
@@ -62,4 +61,3 @@ def test_fractional_gpu_trials_schedule_on_a_logical_gpu(ray_with_logical_gpus, 
     assert not grid.errors
     assert ray.cluster_resources()["GPU"] == 1
     assert all(r.get("GPU") == 0.5 for r in placement.resources.values()) and len(placement.resources) == 2
-    assert placement.most_running >= 1
