@@ -49,7 +49,7 @@ import pyarrow.fs as pafs
 import torch
 from ray import tune
 
-from tunekit.errors import CheckpointError, StorageError
+from tunekit.errors import CheckpointError, StorageError, first_line
 from tunekit.storage import Storage, resolve_storage
 
 __all__ = [
@@ -224,7 +224,7 @@ def _storage_call(where: Storage, action: str, fn: Any, *args: Any) -> Any:
     except (OSError, pyarrow.ArrowException) as exc:
         if isinstance(exc, (CheckpointError, StorageError)):
             raise
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise StorageError(f"cannot {action} {where.uri}: {first}") from None
 
 
@@ -388,7 +388,7 @@ def read_state(
         try:
             return torch.load(state_file, map_location=map_location, weights_only=True)
         except pickle.UnpicklingError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             raise CheckpointError(
                 f"checkpoint {shown}/{STATE_FILE} holds objects that need arbitrary "
                 f"unpickling, which tunekit refuses ({first})"

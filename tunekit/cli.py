@@ -110,12 +110,14 @@ def _short(value: Any, width: int = 12) -> str:
 def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None:
     import time as _time
 
+    from tunekit.snapshot import format_counts
+
     started = (
         _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(snapshot.start_time))
         if snapshot.start_time
         else "unknown"
     )
-    counts = ", ".join(f"{n} {s}" for s, n in sorted(snapshot.counts().items())) or "no trials"
+    counts = format_counts(snapshot.counts()) or "no trials"
     print(f"experiment {snapshot.name} at {snapshot.location}")
     print(f"started {started}; state file {snapshot.state_file or 'none'}; {len(snapshot.trials)} trials: {counts}")
     keys: list[str] = []
@@ -170,6 +172,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_resume(args: argparse.Namespace) -> int:
     from tunekit.resume import resume_experiment
+    from tunekit.snapshot import format_counts
 
     summary = resume_experiment(
         args.experiment,
@@ -179,8 +182,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         cpus=args.cpus,
     )
     _print_snapshot(summary.after, None, None)
-    before = ", ".join(f"{n} {s}" for s, n in sorted(summary.before.items()))
-    after = ", ".join(f"{n} {s}" for s, n in sorted(summary.after.counts().items()))
+    before, after = format_counts(summary.before), format_counts(summary.after.counts())
     print(f"resumed {summary.experiment}: before {before}; now {after}")
     return 0 if summary.ok else 1
 

@@ -7,7 +7,7 @@ what is expected.
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "ConfigError", "ExperimentError", "StorageError", "TunekitError"]
+__all__ = ["CheckpointError", "ConfigError", "ExperimentError", "StorageError", "TunekitError", "first_line"]
 
 
 class TunekitError(Exception):
@@ -28,3 +28,9 @@ class StorageError(TunekitError, OSError):
 
 class ExperimentError(TunekitError, ValueError):
     """A path is not an experiment directory, or its state cannot be read."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name if it has none), for one-line errors."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 import pyarrow
 import pyarrow.fs as pafs
 
-from tunekit.errors import ExperimentError, StorageError
+from tunekit.errors import ExperimentError, StorageError, first_line
 from tunekit.storage import Storage
 
-__all__ = ["CheckpointDir", "TrialDir", "find_trials"]
+__all__ = ["CHECKPOINT_DIR", "CheckpointDir", "TrialDir", "find_trials"]
 
-_CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
+#: Ray Tune's name for a trial's checkpoint directories; group 1 is the index.
+CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
 _TRIAL_FILES = ("params.json", "result.json", "progress.csv")
 
 
@@ -47,7 +48,7 @@ def _list(where: Storage, path: str) -> list[pafs.FileInfo]:
     try:
         return where.filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
     except (OSError, pyarrow.ArrowException) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise StorageError(f"cannot list {where.uri}: {first}") from None
 
 
@@ -63,7 +64,7 @@ def find_trials(experiment: Storage) -> list[TrialDir]:
     try:
         info = experiment.filesystem.get_file_info(experiment.path)
     except (OSError, pyarrow.ArrowException) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise StorageError(f"cannot read {experiment.uri}: {first}") from None
     if info.type == pafs.FileType.NotFound:
         raise ExperimentError(f"{experiment.uri}: no such experiment directory")
@@ -85,7 +86,7 @@ def find_trials(experiment: Storage) -> list[TrialDir]:
             (
                 CheckpointDir(c.base_name, int(m[1]), experiment.join(entry.base_name, c.base_name))
                 for c in children
-                if c.type == pafs.FileType.Directory and (m := _CHECKPOINT_DIR.match(c.base_name))
+                if c.type == pafs.FileType.Directory and (m := CHECKPOINT_DIR.match(c.base_name))
             ),
             key=lambda c: c.index,
         )

@@ -20,7 +20,7 @@ import pandas as pd
 
 from tunekit.analysis import BestTrial, Lineage, best_trial, load_results, pbt_lineage
 from tunekit.errors import ConfigError, ExperimentError
-from tunekit.snapshot import ExperimentSnapshot, read_experiment
+from tunekit.snapshot import ExperimentSnapshot, format_counts, read_experiment
 from tunekit.storage import Storage, resolve_storage
 
 __all__ = ["ReportSummary", "guess_metric", "write_report"]
@@ -201,7 +201,7 @@ def write_report(
             f"<h2>{html.escape(title)}</h2>{note}<img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>"
         )
 
-    counts = ", ".join(f"{n} {s}" for s, n in sorted(snapshot.counts().items()))
+    counts = format_counts(snapshot.counts())
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(snapshot.start_time)) if snapshot.start_time else "?"
     shown = [k for k in params] or sorted({k for t in snapshot.trials for k in t.config})[:4]
     trial_rows = []

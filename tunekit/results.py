@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow
 import pyarrow.fs as pafs
 
-from tunekit.errors import StorageError
+from tunekit.errors import StorageError, first_line
 
 __all__ = ["dedupe_lineage", "parse_result_lines", "read_text"]
 
@@ -31,7 +31,7 @@ def read_text(fs: pafs.FileSystem, path: str) -> str | None:
         with fs.open_input_stream(path) as stream:
             return stream.read().decode("utf-8", errors="replace")
     except (OSError, pyarrow.ArrowException) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise StorageError(f"cannot read {path}: {first}") from None
 
 

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from tunekit.checkpoint import read_metadata
 from tunekit.errors import CheckpointError, ConfigError, ExperimentError
-from tunekit.snapshot import ExperimentSnapshot, read_experiment
+from tunekit.snapshot import ExperimentSnapshot, format_counts, read_experiment
 from tunekit.storage import Storage, resolve_storage
 
 __all__ = ["ResumeSummary", "find_trainable", "import_trainable", "resume_experiment"]
@@ -183,7 +183,7 @@ def resume_experiment(
     from ray import tune
 
     counts = before.counts()
-    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    summary = format_counts(counts)
     print(f"resuming {experiment.uri}: {len(before.trials)} trials ({summary})", file=out)
     print(f"trainable: {found}", file=out, flush=True)
     started = False

@@ -42,6 +42,7 @@ __all__ = [
     "CheckpointSummary",
     "ExperimentSnapshot",
     "TrialSnapshot",
+    "format_counts",
     "read_experiment",
 ]
 
@@ -174,6 +175,11 @@ class ExperimentSnapshot:
             "problems": self.problems,
             "trials": [t.as_dict() for t in self.trials],
         }
+
+
+def format_counts(counts: dict[str, int]) -> str:
+    """``{"TERMINATED": 3, "ERROR": 1}`` -> ``"1 ERROR, 3 TERMINATED"``."""
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
 
 
 def _state_files(experiment: Storage) -> list[pafs.FileInfo]:

@@ -41,7 +41,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pyarrow
 import pyarrow.fs as pafs
 
-from tunekit.errors import StorageError
+from tunekit.errors import StorageError, first_line
 
 __all__ = [
     "DEFAULT_STORAGE_PATH",
@@ -172,17 +172,12 @@ def resolve_storage(
     try:
         fs, path = pafs.FileSystem.from_uri(text)
     except (pyarrow.ArrowInvalid, pyarrow.ArrowNotImplementedError, ValueError) as exc:
-        raise StorageError(f"storage location {shown}: {_first_line(exc)}") from None
+        raise StorageError(f"storage location {shown}: {first_line(exc)}") from None
     if isinstance(fs, pafs.LocalFileSystem):
         return Storage(fs, path, path)
     if split.scheme == "s3" and not split.netloc:
         raise StorageError(f"storage location {shown}: expected s3://bucket[/prefix]")
     return Storage(fs, path.rstrip("/"), shown)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _classify(exc: BaseException) -> str:
@@ -217,7 +212,7 @@ def _classify(exc: BaseException) -> str:
         return "read-only file system"
     if "NO SPACE" in upper:
         return "no space left"
-    return redact(_first_line(exc))
+    return redact(first_line(exc))
 
 
 def probe_storage(storage: Storage) -> None:
@@ -256,5 +251,5 @@ def probe_storage(storage: Storage) -> None:
     except (OSError, pyarrow.ArrowException) as exc:
         raise StorageError(
             f"storage location {storage.uri} is not usable: {_classify(exc)} "
-            f"(could not {step}: {redact(_first_line(exc))})"
+            f"(could not {step}: {redact(first_line(exc))})"
         ) from None

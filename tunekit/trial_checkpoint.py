@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
-import re
 import shutil
 import tempfile
 from typing import Any, Callable, Mapping
@@ -30,6 +29,7 @@ from tunekit.checkpoint import (
     write_checkpoint,
 )
 from tunekit.errors import CheckpointError
+from tunekit.experiment_dir import CHECKPOINT_DIR
 from tunekit.device import trial_device
 from tunekit.hparams import changed_hyperparameters
 from tunekit.state import TrainingState
@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("tunekit")
-_CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
 
 
 def save_trial_state(
@@ -130,13 +129,13 @@ def _fetch(checkpoint: tune.Checkpoint, temps: list[str]) -> tuple[tune.Checkpoi
 
 def _other_checkpoints(checkpoint: tune.Checkpoint, *, newer_too: bool) -> list[tune.Checkpoint]:
     """The same trial's other checkpoints (before ``checkpoint`` unless ``newer_too``), newest first."""
-    match = _CHECKPOINT_DIR.match(posixpath.basename(checkpoint.path.rstrip("/")))
+    match = CHECKPOINT_DIR.match(posixpath.basename(checkpoint.path.rstrip("/")))
     if not match:
         return []
     fs, trial_dir = checkpoint.filesystem, posixpath.dirname(checkpoint.path.rstrip("/"))
     found = []
     for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
-        other = _CHECKPOINT_DIR.match(info.base_name)
+        other = CHECKPOINT_DIR.match(info.base_name)
         if info.type == pafs.FileType.Directory and other and other[1] != match[1] and (
             newer_too or int(other[1]) < int(match[1])
         ):
