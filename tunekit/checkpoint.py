@@ -40,6 +40,8 @@ import pickle
 import posixpath
 import shutil
 import tempfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Union
@@ -64,7 +66,9 @@ __all__ = [
     "local_checkpoint",
     "read_metadata",
     "read_state",
+    "sync_in_background",
     "verify_checkpoint",
+    "wait_for_durability",
     "write_checkpoint",
 ]
 
@@ -137,13 +141,74 @@ def _json_safe(value: Any) -> Any:
     return repr(value)
 
 
-def _fsync_write(path: Path, data: bytes) -> None:
+# Hashing and background fsync run on helper threads: hashlib and file I/O
+# release the GIL, so a hash overlaps the write (or read) of the same bytes.
+_HELPERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tunekit-hash")
+_SYNCER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-fsync")
+_OVERLAP_MIN = 1 << 20  # hash smaller writes inline
+_pending_syncs: list[Future] = []
+_pending_lock = threading.Lock()
+
+
+class _HashingWriter:
+    """A write-through file object that keeps the SHA-256 and size of what passed.
+
+    ``torch.save`` writes each tensor's bytes in one call; those are hashed on
+    a helper thread while this thread writes them, so the hash costs no extra
+    pass over the file and little extra time.
+    """
+
+    def __init__(self, fh: Any) -> None:
+        self.fh, self.digest, self.size = fh, hashlib.sha256(), 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if view.nbytes >= _OVERLAP_MIN:
+            hashed = _HELPERS.submit(self.digest.update, view)
+            self.fh.write(view)
+            hashed.result()
+        else:
+            self.digest.update(view)
+            self.fh.write(view)
+        self.size += view.nbytes
+        return view.nbytes
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def _fsync_paths(paths: list[Path]) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def wait_for_durability() -> None:
+    """Block until every checkpoint written with ``durable="background"`` is on disk.
+
+    Raises the first fsync error met (a checkpoint not made durable).
+    """
+    with _pending_lock:
+        pending, _pending_syncs[:] = list(_pending_syncs), []
+    for future in pending:
+        future.result()
+
+
+def _write_file(path: Path, data: bytes, *, sync: bool) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
         fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def _fsync_write(path: Path, data: bytes) -> None:
+    _write_file(path, data, sync=True)
 
 
 def write_checkpoint(
@@ -151,45 +216,75 @@ def write_checkpoint(
     state: dict[str, Any],
     *,
     metadata: dict[str, Any] | None = None,
+    durable: bool = True,
 ) -> Path:
     """Write ``state`` into ``directory`` as a tunekit checkpoint.
 
     The manifest is written last; a crash before it leaves an *incomplete*
-    checkpoint that readers refuse, never a silently damaged one.
+    checkpoint that readers refuse, never a silently damaged one. ``state.pt``
+    is hashed while it is written (no second pass over the file).
 
     Args:
         directory: Where to write (created if missing; other files in it are
             listed in the manifest too, so user files ride along verified).
         state: A state dict, usually :meth:`TrainingState.state_dict`.
         metadata: JSON-like metadata stored in ``tunekit.json``.
+        durable: True fsyncs every file before the manifest and the manifest
+            before returning. False returns once the files are written (in
+            the page cache: safe from a killed process, not from a power
+            loss); pass the directory to :func:`sync_in_background` once it
+            is where it stays, so training goes on while it reaches the disk.
+            A power loss in between can only leave a checkpoint that
+            verification reports as damaged (the manifest holds every file's
+            hash), which restore then skips.
 
     Returns:
         The checkpoint directory.
     """
+    sync = bool(durable)
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     manifest = path / MANIFEST_FILE
     if manifest.exists():
         manifest.unlink()  # an overwritten checkpoint is uncommitted until rewritten
+    files: dict[str, dict[str, Any]] = {}
     with open(path / STATE_FILE, "wb") as fh:
-        torch.save(state, fh)
+        writer = _HashingWriter(fh)
+        torch.save(state, writer)
         fh.flush()
-        os.fsync(fh.fileno())
+        if sync:
+            os.fsync(fh.fileno())
+    files[STATE_FILE] = {"size": writer.size, "sha256": writer.digest.hexdigest()}
     meta = {
         "format": "tunekit-checkpoint/1",
         "torch": torch.__version__,
         **_json_safe(metadata or {}),
     }
-    _fsync_write(path / METADATA_FILE, json.dumps(meta, indent=1, sort_keys=True).encode())
-    files = {}
+    meta_bytes = json.dumps(meta, indent=1, sort_keys=True).encode()
+    _write_file(path / METADATA_FILE, meta_bytes, sync=sync)
+    files[METADATA_FILE] = {"size": len(meta_bytes), "sha256": hashlib.sha256(meta_bytes).hexdigest()}
     for file in sorted(p for p in path.rglob("*") if p.is_file()):
         rel = file.relative_to(path).as_posix()
-        if rel == MANIFEST_FILE:
+        if rel in files or rel == MANIFEST_FILE:
             continue
+        if sync:
+            _fsync_paths([file])
         files[rel] = {"size": file.stat().st_size, "sha256": _sha256(file)}
-    _fsync_write(manifest, _manifest_bytes(files))
+    _write_file(manifest, _manifest_bytes(files), sync=sync)
     return path
 
+
+def sync_in_background(directory: str | os.PathLike[str]) -> None:
+    """fsync a checkpoint directory (its files, itself, its parent) on a helper thread.
+
+    For checkpoints written with ``durable=False``; :func:`wait_for_durability`
+    waits until it is done.
+    """
+    path = Path(directory)
+    paths = sorted(p for p in path.rglob("*") if p.is_file()) + [path, path.parent]
+    with _pending_lock:
+        _pending_syncs[:] = [f for f in _pending_syncs if not f.done() or f.exception()]
+        _pending_syncs.append(_SYNCER.submit(_fsync_paths, paths))
 
 
 @dataclass
@@ -378,23 +473,30 @@ def read_state(
     """
     with local_checkpoint(location) as directory:
         shown = _locate(location).uri
-        if verify:
-            report = _verify(pafs.LocalFileSystem(), directory, shown)
-            if not report.ok:
-                raise CheckpointError(f"checkpoint {report.describe()}")
+        # Verify on a helper thread while torch.load reads the same (cached)
+        # bytes; the state is returned only if verification passed.
+        check = _HELPERS.submit(_verify, pafs.LocalFileSystem(), directory, shown) if verify else None
         state_file = Path(directory) / STATE_FILE
-        if not state_file.is_file():
-            raise CheckpointError(f"checkpoint {shown}: no {STATE_FILE}")
+        state, error = None, None
         try:
-            return torch.load(state_file, map_location=map_location, weights_only=True)
+            if not state_file.is_file():
+                error = f"checkpoint {shown}: no {STATE_FILE}"
+            else:
+                state = torch.load(state_file, map_location=map_location, weights_only=True)
         except pickle.UnpicklingError as exc:
-            first = first_line(exc)
-            raise CheckpointError(
+            error = (
                 f"checkpoint {shown}/{STATE_FILE} holds objects that need arbitrary "
-                f"unpickling, which tunekit refuses ({first})"
-            ) from None
+                f"unpickling, which tunekit refuses ({first_line(exc)})"
+            )
         except (RuntimeError, EOFError, OSError) as exc:
-            raise CheckpointError(f"checkpoint {shown}/{STATE_FILE} cannot be read: {exc}") from None
+            error = f"checkpoint {shown}/{STATE_FILE} cannot be read: {exc}"
+        finally:
+            report = check.result() if check is not None else None
+        if report is not None and not report.ok:
+            raise CheckpointError(f"checkpoint {report.describe()}")
+        if error is not None:
+            raise CheckpointError(error)
+        return state
 
 
 def load_model(

@@ -10,16 +10,19 @@ from typing import Any, ClassVar
 import torch
 from ray import tune
 
+from tunekit.checkpoint import wait_for_durability
 from tunekit.device import release_memory, trial_device
-from tunekit.errors import ConfigError
+from tunekit.errors import CheckpointError, ConfigError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.rng import seed_everything
 from tunekit.state import TrainingState
 from tunekit.trial_checkpoint import (
     confirm_remote_upload,
+    local_request,
     prepare_restore,
     remove_temps,
     restore_trial_state,
+    save_in_place,
     save_trial_state,
 )
 
@@ -114,10 +117,20 @@ class TorchTrainable(tune.Trainable):
     def save(self, checkpoint_dir: str | None = None) -> Any:
         if self._saved is not None and self._saved[0] == self.iteration and not checkpoint_dir:
             return self._saved[1]
-        result = super().save(checkpoint_dir)
-        confirm_remote_upload(result)
+        result = None
+        if not checkpoint_dir:  # into local storage: write once, in place
+            self._durable = False
+            try:
+                result = save_in_place(self, self.save_checkpoint)
+            finally:
+                self._durable = True
+        if result is None:
+            result = super().save(checkpoint_dir)
+            confirm_remote_upload(result)
         self._saved = (self.iteration, result)
         return result
+
+    _durable = True
 
     def save_checkpoint(self, checkpoint_dir: str) -> str:
         save_trial_state(
@@ -126,10 +139,18 @@ class TorchTrainable(tune.Trainable):
             config=self.config,
             mutable=self.mutable(),
             trainable=f"{type(self).__module__}:{type(self).__qualname__}",
+            durable=self._durable,
         )
         return checkpoint_dir
 
     def restore(self, checkpoint_path: Any) -> None:
+        # A local checkpoint is verified while it loads (one pass over the bytes).
+        request = local_request(checkpoint_path)
+        if request is not None:
+            try:
+                return super().restore(request)
+            except CheckpointError:
+                pass  # damaged: find what to restore instead, below
         # Verify first, falling back to the trial's newest good checkpoint.
         result, temps = prepare_restore(checkpoint_path)
         try:
@@ -167,4 +188,5 @@ class TorchTrainable(tune.Trainable):
     def cleanup(self) -> None:
         self.__dict__.pop("state", None)
         release_memory()
+        wait_for_durability()
 

@@ -1,6 +1,10 @@
 """Save and restore one trial's TrainingState, shared by class and function trainables.
 
-Restoring goes through :func:`restorable_checkpoint`: the checkpoint Tune asks
+Saving to local storage goes through :func:`save_in_place`: the checkpoint is
+written once, in its final directory's parent, and renamed into place (Ray
+would write it to a temporary directory and copy it). Restoring a local
+checkpoint loads and verifies it in one pass (:func:`local_request`); otherwise,
+or when that finds damage, :func:`prepare_restore` runs: the checkpoint Tune asks
 for is fetched once (a local copy if it lives on remote storage) and verified
 against its manifest. A damaged one is skipped for the same trial's newest
 good checkpoint before it, with a warning naming what was skipped; if there is
@@ -25,6 +29,7 @@ from tunekit.checkpoint import (
     confirm_upload,
     read_metadata,
     read_state,
+    sync_in_background,
     verify_checkpoint,
     write_checkpoint,
 )
@@ -36,9 +41,11 @@ from tunekit.state import TrainingState
 
 __all__ = [
     "confirm_remote_upload",
+    "local_request",
     "prepare_restore",
     "remove_temps",
     "restore_trial_state",
+    "save_in_place",
     "save_trial_state",
 ]
 
@@ -52,8 +59,12 @@ def save_trial_state(
     config: Mapping[str, Any],
     mutable: tuple[str, ...],
     trainable: str,
+    durable: bool = True,
 ) -> None:
-    """Write ``state`` plus the trial's current mutable hyperparameters."""
+    """Write ``state`` plus the trial's current mutable hyperparameters.
+
+    ``durable=False``: see :func:`tunekit.checkpoint.write_checkpoint`.
+    """
     sd = state.state_dict()
     hparams = {k: config[k] for k in mutable if k in config}
     sd["hparams"] = hparams
@@ -69,7 +80,47 @@ def save_trial_state(
             "device": str(trial_device()),
             "models": sorted(state.models),
         },
+        durable=durable,
     )
+
+
+def save_in_place(trainable: tune.Trainable, write: Callable[[str], None]) -> _TrainingResult | None:
+    """Save a class trainable's checkpoint straight into local storage.
+
+    Does what ``Trainable.save`` does for a trial on local storage (next
+    checkpoint index, the storage check, artifact sync), except that
+    ``write(directory)`` writes into a hidden directory beside the final one,
+    which is then renamed into place: the bytes are written once, not written
+    to a temporary directory and copied. The files reach the disk on a
+    helper thread (:func:`tunekit.checkpoint.sync_in_background`) while
+    training goes on.
+
+    Returns:
+        The result ``save()`` returns, or None when the trainable has no local
+        storage (the caller then uses ``Trainable.save``).
+    """
+    storage = getattr(trainable, "_storage", None)
+    if storage is None or type(storage.storage_filesystem) is not pafs.LocalFileSystem:
+        return None
+    metrics = trainable._last_result.copy() if trainable._last_result else {}
+    storage._update_checkpoint_index(metrics)
+    storage._check_validation_file()
+    final = storage.checkpoint_fs_path
+    parent = os.path.dirname(final)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.partial-", dir=parent)
+    try:
+        write(staging)
+        if os.path.lexists(final):  # Ray would overwrite it too (a re-saved index)
+            shutil.rmtree(final)
+        os.rename(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    sync_in_background(final)
+    storage.persist_artifacts(force=storage.sync_config.sync_artifacts_on_checkpoint)
+    checkpoint = tune.Checkpoint(path=final, filesystem=storage.storage_filesystem)
+    return _TrainingResult(checkpoint=checkpoint, metrics=metrics)
 
 
 def restore_trial_state(
@@ -141,6 +192,20 @@ def _other_checkpoints(checkpoint: tune.Checkpoint, *, newer_too: bool) -> list[
         ):
             found.append((int(other[1]), info.path))
     return [tune.Checkpoint(path, filesystem=fs) for _, path in sorted(found, reverse=True)]
+
+
+def local_request(checkpoint: Any) -> _TrainingResult | None:
+    """What Tune asked to restore, if it is a local directory that exists (else None).
+
+    Such a checkpoint can be loaded directly: :func:`tunekit.checkpoint.read_state`
+    verifies it while loading. Only when that fails is :func:`prepare_restore`
+    (verify first, fall back) needed.
+    """
+    requested = _as_training_result(checkpoint)
+    ckpt = requested.checkpoint
+    if isinstance(ckpt.filesystem, pafs.LocalFileSystem) and os.path.isdir(ckpt.path):
+        return requested
+    return None
 
 
 def prepare_restore(checkpoint: Any) -> tuple[_TrainingResult, list[str]]:

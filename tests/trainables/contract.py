@@ -72,15 +72,19 @@ def checkpoint_iterations(trial_dir: Path) -> list[int]:
 
 
 class KillActorOnce(tune.Callback):
-    """Kill the trial's worker (ray.kill of its actor) when it reports iteration ``at``."""
+    """Kill a trial's worker (ray.kill of its actor) at its first result from iteration ``at`` on.
+
+    A trial PBT has just paused has no actor; the kill then waits for the next result.
+    """
 
     def __init__(self, at: int) -> None:
         self.at, self.killed = at, False
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if not self.killed and result["training_iteration"] == self.at:
+        actor = trial.temporary_state.ray_actor
+        if not self.killed and result["training_iteration"] >= self.at and actor is not None:
             self.killed = True
-            ray.kill(trial.temporary_state.ray_actor)
+            ray.kill(actor)
 
 
 class DamageAndKill(tune.Callback):

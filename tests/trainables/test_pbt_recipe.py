@@ -1,4 +1,4 @@
-"""The PBT recipe: a consistent setup, and the GPU scheduling path on logical GPUs."""
+"""The PBT recipe: consistent setup, the paper's toy problem, robustness, GPU scheduling path."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import pytest
 import ray
 from ray import tune
 
-from trainables import DigitsTrainable
+from tests.trainables.contract import KillActorOnce
+from trainables import DigitsTrainable, TrainDigits
+from trainables.toy_pbt import TARGET_Q, run_toy_problem
 from tunekit import ConfigError
 from tunekit.pbt import pbt_setup
 
@@ -37,6 +39,35 @@ def test_setup_aligns_checkpoints_with_perturbations():
                                           "reuse_actors": True}
 
 
+def test_toy_problem_of_the_pbt_paper(ray_session, storage):
+    with_pbt = run_toy_problem(str(storage), pbt=True)
+    without = run_toy_problem(str(storage), pbt=False)
+    assert with_pbt >= TARGET_Q, with_pbt
+    assert without < TARGET_Q, without  # each member alone only shrinks one coordinate (Q ~ 0.39)
+
+
+@pytest.mark.parametrize("trainable", [DigitsTrainable, TrainDigits], ids=["class", "function"])
+def test_frequent_perturbation_with_one_checkpoint_kept_never_errors(ray_session, storage, trainable):
+    setup = pbt_setup(trainable, metric="accuracy", mode="max", perturbation_interval=1,
+                      mutations={"lr": tune.loguniform(1e-3, 0.5)}, num_to_keep=1, quantile_fraction=0.5)
+    kill = KillActorOnce(4)  # a worker dies mid-run too
+    grid = tune.Tuner(
+        trainable,
+        param_space={"hidden_size": 16, "steps_per_iteration": 3, "seed": tune.grid_search([1, 2, 3, 4])},
+        tune_config=tune.TuneConfig(**setup.tune_config_kwargs()),
+        run_config=tune.RunConfig(
+            name="keep1", storage_path=str(storage), stop={"training_iteration": 6},
+            checkpoint_config=setup.checkpoint_config, callbacks=[kill],
+            failure_config=tune.FailureConfig(max_failures=2), verbose=0,
+        ),
+    ).fit()
+    assert not grid.errors, grid.errors
+    assert kill.killed
+    # An exploit can move a trial to its donor's (later) iteration, so it may stop at 7.
+    assert all(r.metrics["training_iteration"] in (6, 7) for r in grid), [r.metrics for r in grid]
+    assert all(len(r.best_checkpoints) == 1 for r in grid)
+
+
 class _Placement(tune.Callback):
     """Record the resources each trial ran with."""
 
@@ -47,15 +78,15 @@ class _Placement(tune.Callback):
         self.resources[trial.trial_id] = trial.placement_group_factory.required_resources
 
 
-def test_fractional_gpu_trials_schedule_on_a_logical_gpu(ray_with_logical_gpus, storage):
-    setup = pbt_setup(DigitsTrainable, metric="accuracy", mode="max", perturbation_interval=5,
+def test_fractional_gpus_share_a_logical_gpu(ray_with_logical_gpus, storage):
+    setup = pbt_setup(DigitsTrainable, metric="accuracy", mode="max", perturbation_interval=2,
                       mutations={"lr": tune.loguniform(1e-3, 0.5)})
     placement = _Placement()
     grid = tune.Tuner(
         tune.with_resources(DigitsTrainable, {"cpu": 1, "gpu": 0.5}),
-        param_space={"hidden_size": 16, "steps_per_iteration": 20, "seed": tune.grid_search([1, 2])},
+        param_space={"hidden_size": 16, "steps_per_iteration": 3, "seed": tune.grid_search([1, 2])},
         tune_config=tune.TuneConfig(**setup.tune_config_kwargs()),
-        run_config=tune.RunConfig(name="gpu", storage_path=str(storage), stop={"training_iteration": 15},
+        run_config=tune.RunConfig(name="gpu", storage_path=str(storage), stop={"training_iteration": 4},
                                   checkpoint_config=setup.checkpoint_config, callbacks=[placement], verbose=0),
     ).fit()
     assert not grid.errors
