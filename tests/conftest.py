@@ -79,6 +79,40 @@ def ray_with_logical_gpus() -> Iterator[None]:
         _init_ray()
 
 
+@dataclass
+class RayCluster:
+    """A real multi-node Ray on this machine: a head with no CPUs (driver only) and worker nodes."""
+
+    cluster: object
+    workers: list
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+
+@pytest.fixture
+def ray_cluster() -> Iterator[RayCluster]:
+    """Head (0 CPUs) + two worker nodes of 1 CPU each, each its own raylet; the shared Ray comes back after."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    was_running = ray.is_initialized()
+    if was_running:
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    try:
+        yield RayCluster(cluster, workers)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        if was_running:
+            _init_ray()
+
+
 @pytest.fixture
 def storage(tmp_path: Path) -> Path:
     """An empty local storage directory for experiments."""

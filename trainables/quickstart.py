@@ -12,9 +12,9 @@ from typing import Any, TextIO
 
 import pyarrow.fs as pafs
 
-from tunekit.errors import ConfigError
+from tunekit.errors import ConfigError, first_line
 from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
-from tunekit.storage import DEFAULT_STORAGE_PATH, probe_storage, resolve_storage
+from tunekit.storage import DEFAULT_STORAGE_PATH, check_cluster_storage, probe_storage, resolve_storage
 
 __all__ = ["DEFAULT_STORAGE", "QuickstartSummary", "run_quickstart"]
 
@@ -64,11 +64,17 @@ def run_quickstart(
     name: str | None = None,
     cpus: int | None = None,
     gpus_per_trial: float = 0.0,
+    address: str | None = None,
+    shared_storage: bool = False,
     stream: TextIO | None = None,
 ) -> QuickstartSummary:
     """Run a PBT sweep of :class:`trainables.DigitsTrainable` and print a summary.
 
-    Starts a local Ray (``cpus`` CPUs, dashboard off) unless one is running.
+    Connects to the Ray cluster at ``address`` (default: the ``RAY_ADDRESS``
+    environment variable); without one, starts a local Ray (``cpus`` CPUs,
+    dashboard off) unless one is running. On a multi-node cluster the storage
+    must be cloud storage, or a local path declared ``shared_storage`` (a
+    shared mount on every node); anything else is refused before a trial starts.
     ``storage_path`` is a local path or a URI such as
     ``s3://bucket/prefix?endpoint_override=http://host:9000``; it is probed
     (reachable, writable) before anything starts.
@@ -100,11 +106,23 @@ def run_quickstart(
             "--name (or `tunekit resume` it)"
         )
 
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address and cpus is not None:
+        raise ConfigError(f"quickstart(cpus={cpus}, address={address!r}): --cpus is for a local Ray; "
+                          "a cluster brings its own CPUs")
     started_ray = False
     if not ray.is_initialized():
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        if address:
+            try:
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ConfigError(f"quickstart(address={address!r}): cannot connect to a Ray cluster there "
+                                  f"({first_line(exc)}); expected the head's host:port, as `ray start --head` printed") from None
+        else:
+            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
         started_ray = True
     try:
+        check_cluster_storage(storage, shared=shared_storage)
         available_gpus = ray.cluster_resources().get("GPU", 0)
         if gpus_per_trial > 0 and available_gpus < gpus_per_trial:
             raise ConfigError(

@@ -22,7 +22,7 @@ from tunekit.function import FunctionSession, function_trainable
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.rng import capture_rng, restore_rng, seed_everything
 from tunekit.state import Counters, TrainingState
-from tunekit.storage import Storage, probe_storage, resolve_storage
+from tunekit.storage import Storage, check_cluster_storage, probe_storage, resolve_storage
 from tunekit.torch_trainable import TorchTrainable
 from tunekit.verify import ExperimentCheck, verify_experiment
 
@@ -49,6 +49,7 @@ __all__ = [
     "function_trainable",
     "load_model",
     "local_checkpoint",
+    "check_cluster_storage",
     "probe_storage",
     "read_metadata",
     "read_state",

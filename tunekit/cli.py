@@ -59,6 +59,8 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
         name=args.name,
         cpus=args.cpus,
         gpus_per_trial=args.gpus_per_trial,
+        address=args.address,
+        shared_storage=args.shared_storage,
     )
     return 0 if all(row["state"] != "ERROR" for row in summary.rows) else 1
 
@@ -222,6 +224,8 @@ def _build_parser() -> _Parser:
     quick.add_argument("--name", default=None, help="experiment name (default quickstart_<date>_<time>)")
     quick.add_argument("--cpus", type=_int_at_least(1), default=None, help="CPUs of the local Ray (default: all)")
     quick.add_argument("--gpus-per-trial", type=_non_negative_float, default=0.0, help="GPUs per trial, fractions allowed (default 0)")
+    quick.add_argument("--address", default=None, help="Ray cluster to run on, host:port of its head (default: $RAY_ADDRESS, else a local Ray)")
+    quick.add_argument("--shared-storage", action="store_true", help="--storage-path is a shared mount on every node of the cluster")
     quick.set_defaults(func=_cmd_quickstart)
     verify = sub.add_parser(
         "verify",

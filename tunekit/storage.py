@@ -41,11 +41,12 @@ from urllib.parse import parse_qsl, urlsplit
 import pyarrow
 import pyarrow.fs as pafs
 
-from tunekit.errors import StorageError, first_line
+from tunekit.errors import ConfigError, StorageError, first_line
 
 __all__ = [
     "DEFAULT_STORAGE_PATH",
     "Storage",
+    "check_cluster_storage",
     "probe_storage",
     "redact",
     "resolve_storage",
@@ -253,3 +254,33 @@ def probe_storage(storage: Storage) -> None:
             f"storage location {storage.uri} is not usable: {_classify(exc)} "
             f"(could not {step}: {redact(first_line(exc))})"
         ) from None
+
+
+def check_cluster_storage(storage: Storage, *, shared: bool = False, nodes: int | None = None) -> None:
+    """Refuse a local storage path on a multi-node Ray cluster, before any trial starts.
+
+    Trials on other nodes write their checkpoints to the storage path; a path
+    on the driver's disk is not there for them (Ray would fail at the first
+    checkpoint of a remote trial). ``shared=True`` says the path is a shared
+    filesystem mounted at the same place on every node (NFS, EFS, Lustre).
+
+    Args:
+        storage: Where the experiment goes.
+        shared: The local path is a shared mount on every node.
+        nodes: Alive nodes in the cluster (default: asked from the running Ray).
+
+    Raises:
+        ConfigError: local storage, not declared shared, and more than one node.
+    """
+    if not storage.is_local or shared:
+        return
+    if nodes is None:
+        import ray
+
+        nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+    if nodes > 1:
+        raise ConfigError(
+            f"storage {storage.uri} is a local path, but the Ray cluster has {nodes} nodes: trials on "
+            "other nodes cannot write their checkpoints there; use cloud storage (s3://bucket/prefix) "
+            "or a shared filesystem mounted at the same path on every node (and say so: --shared-storage)"
+        )

@@ -155,3 +155,41 @@ def test_confirm_upload_catches_a_checkpoint_that_did_not_arrive_whole(fault, pr
     FAULTS[fault][0](where.filesystem, where.path)
     with pytest.raises(CheckpointError, match="did not arrive whole"):
         confirm_upload(where)
+
+
+def test_checkpoint_written_for_background_sync_is_good_and_hashes_match_the_files(tmp_path):
+    """durable=False: the streamed hashes are those of the bytes on disk; fsync later."""
+    from tunekit.checkpoint import sync_in_background, wait_for_durability
+
+    state = build_digits_state({"seed": 4, "hidden_size": 16}, torch.device("cpu"))
+    train_steps(state, 3)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "user.txt").write_text("rides along")  # a user file is listed too
+    directory = write_checkpoint(tmp_path / "ckpt", state.state_dict(), metadata={"iteration": 3}, durable=False)
+    sync_in_background(directory)
+    wait_for_durability()
+    report = verify_checkpoint(str(directory))
+    assert report.status == "good", report.problems
+    flip_byte(pafs.LocalFileSystem(), str(directory), "user.txt")
+    assert verify_checkpoint(str(directory)).status == "corrupt"
+
+
+def test_in_place_save_leaves_only_committed_checkpoints(ray_session, storage):
+    """TorchTrainable on local storage writes each checkpoint once, beside its final place."""
+    from ray import tune
+
+    from trainables import DigitsTrainable
+
+    grid = tune.Tuner(
+        DigitsTrainable,
+        param_space={"hidden_size": 16, "steps_per_iteration": 2, "seed": 1},
+        run_config=tune.RunConfig(name="inplace", storage_path=str(storage), stop={"training_iteration": 4},
+                                  checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1), verbose=0),
+    ).fit()
+    assert not grid.errors
+    trial_dir = Path(grid[0].path)
+    names = sorted(p.name for p in trial_dir.iterdir() if p.is_dir())
+    assert names == [f"checkpoint_00000{i}" for i in range(4)], names  # no leftover .partial directories
+    assert all(verify_checkpoint(str(trial_dir / n)).status == "good" for n in names)
+    restored = read_state(str(trial_dir / names[-1]))
+    assert restored["counters"]["iteration"] == 4
