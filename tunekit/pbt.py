@@ -29,12 +29,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping
 
 from ray import tune
-from ray.tune.schedulers import PopulationBasedTraining
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
 
 from tunekit.errors import ConfigError
 from tunekit.hparams import DEFAULT_MUTABLE
 
-__all__ = ["PBTSetup", "mutable_hyperparameters", "pbt_setup", "quiet_pbt_keep_warning"]
+__all__ = ["PBTSetup", "PopulationBasedTrainingNoIdlePause", "mutable_hyperparameters", "pbt_setup",
+           "quiet_pbt_keep_warning"]
 
 
 def mutable_hyperparameters(trainable: Any) -> tuple[str, ...]:
@@ -49,6 +51,39 @@ def mutable_hyperparameters(trainable: Any) -> tuple[str, ...]:
     if callable(mutable):
         return tuple(mutable())
     return DEFAULT_MUTABLE
+
+
+class PopulationBasedTrainingNoIdlePause(PopulationBasedTraining):
+    """Ray's PBT, without pausing a trial when the whole population fits the cluster.
+
+    Asynchronous Ray PBT pauses a trial at each perturbation whenever another
+    trial is PENDING or PAUSED, to time-share a population larger than the
+    cluster. A trial is also PENDING while its worker starts, and a paused
+    trial makes the next one pause in turn: a population that fits the cluster
+    then runs one trial at a time, each pausing (and often re-exploiting a
+    paused donor) at every perturbation. Measured here: 2 trials on 2 CPUs took
+    4x the wall time of the same sweep without PBT. This scheduler keeps the
+    pause only when the live trials cannot all run at once (the cluster's
+    CPUs/GPUs over the trial's request), so larger populations still time-share.
+    """
+
+    def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
+        decision = super().on_trial_result(tune_controller, trial, result)
+        if decision == TrialScheduler.PAUSE and not self._synch and trial.status == Trial.RUNNING:
+            live = [t for t in tune_controller.get_trials() if not t.is_finished()]
+            if len(live) <= _concurrent_slots(trial):
+                return TrialScheduler.CONTINUE
+        return decision
+
+
+def _concurrent_slots(trial: Trial) -> int:
+    """How many trials with ``trial``'s resource request the cluster can run at once."""
+    import ray
+
+    need = trial.placement_group_factory.required_resources
+    total = ray.cluster_resources()
+    slots = [int(total.get(key, 0) / amount + 1e-9) for key, amount in need.items() if amount > 0]
+    return min(slots) if slots else 0
 
 
 @dataclass
@@ -127,7 +162,7 @@ def pbt_setup(
             f"during a trial (it can change {sorted(mutable)}); declare them in "
             "mutable_hyperparameters (and apply them in apply_hyperparameters), or list them in allow_rebuild"
         )
-    scheduler = PopulationBasedTraining(
+    scheduler = PopulationBasedTrainingNoIdlePause(
         time_attr="training_iteration",
         perturbation_interval=perturbation_interval,
         hyperparam_mutations=dict(mutations or {}),

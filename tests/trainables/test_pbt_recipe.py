@@ -69,13 +69,14 @@ def test_frequent_perturbation_with_one_checkpoint_kept_never_errors(ray_session
 
 
 class _Placement(tune.Callback):
-    """Record the resources each trial ran with."""
+    """Record each trial's resources and how many trials ran at once."""
 
     def __init__(self) -> None:
-        self.resources = {}
+        self.resources, self.most_running = {}, 0
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self.resources[trial.trial_id] = trial.placement_group_factory.required_resources
+        self.most_running = max(self.most_running, sum(t.status == "RUNNING" for t in trials))
 
 
 def test_fractional_gpus_share_a_logical_gpu(ray_with_logical_gpus, storage):
@@ -84,11 +85,14 @@ def test_fractional_gpus_share_a_logical_gpu(ray_with_logical_gpus, storage):
     placement = _Placement()
     grid = tune.Tuner(
         tune.with_resources(DigitsTrainable, {"cpu": 1, "gpu": 0.5}),
-        param_space={"hidden_size": 16, "steps_per_iteration": 3, "seed": tune.grid_search([1, 2])},
+        param_space={"hidden_size": 16, "steps_per_iteration": 20, "seed": tune.grid_search([1, 2])},
         tune_config=tune.TuneConfig(**setup.tune_config_kwargs()),
-        run_config=tune.RunConfig(name="gpu", storage_path=str(storage), stop={"training_iteration": 4},
+        run_config=tune.RunConfig(name="gpu", storage_path=str(storage), stop={"training_iteration": 10},
                                   checkpoint_config=setup.checkpoint_config, callbacks=[placement], verbose=0),
     ).fit()
     assert not grid.errors
     assert ray.cluster_resources()["GPU"] == 1
     assert all(r.get("GPU") == 0.5 for r in placement.resources.values()) and len(placement.resources) == 2
+    # Both trials on the one GPU at once: PBT does not pause a population that fits
+    # (Ray's PBT alone ping-pongs the two trials, one at a time).
+    assert placement.most_running == 2
