@@ -76,11 +76,12 @@ class PlainDigits(tune.Trainable):
         self.state.optimizer.load_state_dict(sd["optimizer"])
 
 
-def _sweep(root: str, name: str, tunekit_side: bool, *, trials: int, iterations: int, every: int) -> float:
+def _sweep(root: str, name: str, tunekit_side: bool, *, trials: int, iterations: int, every: int,
+           parquet: bool = True) -> float:
     from callbacks import CheckpointByStepsTaken, ParquetLogger
     from trainables import DigitsTrainable
 
-    callbacks = [CheckpointByStepsTaken(every)] + ([ParquetLogger()] if tunekit_side else [])
+    callbacks = [CheckpointByStepsTaken(every)] + ([ParquetLogger()] if tunekit_side and parquet else [])
     tuner = tune.Tuner(
         DigitsTrainable if tunekit_side else PlainDigits,
         param_space={"hidden_size": 64, "steps_per_iteration": 20, "lr": 0.05,
@@ -98,19 +99,21 @@ def _sweep(root: str, name: str, tunekit_side: bool, *, trials: int, iterations:
 
 
 def overhead(args: argparse.Namespace, root: str) -> list[str]:
-    walls: dict[bool, list[float]] = {True: [], False: []}
+    walls: dict[str, list[float]] = {"plain": [], "tunekit": [], "tunekit-noparquet": []}
     kw = dict(trials=args.trials, iterations=args.iterations, every=args.every)
     _sweep(root, "warmup", False, **dict(kw, iterations=2))  # workers and imports warm for both
     for i in range(args.repeat):
-        for side in (False, True):  # alternate, so drift hits both alike
-            walls[side].append(_sweep(root, f"{'tunekit' if side else 'plain'}_{i}", side, **kw))
-    tk, plain = statistics.median(walls[True]), statistics.median(walls[False])
+        for label in walls:  # alternate, so drift hits all alike
+            walls[label].append(_sweep(root, f"{label}_{i}", label != "plain", parquet=label == "tunekit", **kw))
+    med = {label: statistics.median(v) for label, v in walls.items()}
     return [
         f"overhead: {args.trials} trials x {args.iterations} iterations, a checkpoint every {args.every}, "
         f"median of {args.repeat}",
-        f"  plain Ray Tune (torch.save)           {plain:8.2f} s   runs {_fmt(walls[False])}",
-        f"  tunekit (TorchTrainable + callbacks)  {tk:8.2f} s   runs {_fmt(walls[True])}",
-        f"  ratio tunekit / plain                 {tk / plain:8.3f}x  (target <= 1.03x)",
+        f"  plain Ray Tune (torch.save)           {med['plain']:8.2f} s   runs {_fmt(walls['plain'])}",
+        f"  tunekit (TorchTrainable + callbacks)  {med['tunekit']:8.2f} s   runs {_fmt(walls['tunekit'])}",
+        f"  tunekit without ParquetLogger         {med['tunekit-noparquet']:8.2f} s   runs {_fmt(walls['tunekit-noparquet'])}",
+        f"  ratio tunekit / plain                 {med['tunekit'] / med['plain']:8.3f}x  (target <= 1.03x)",
+        f"  ratio tunekit w/o Parquet / plain     {med['tunekit-noparquet'] / med['plain']:8.3f}x",
     ]
 
 
