@@ -13,7 +13,7 @@ takes effect as soon as the trial continues.
 
 :func:`run_toy_problem` runs the experiment the paper describes: PBT with
 the members ready every 4 steps, exploit = copy the better member (theta,
-h and step size), explore = add Gaussian noise (sd 0.2) to h, 80 steps.
+h and step size), explore = add Gaussian noise (sd 0.2) to h, 120 steps.
 It uses Ray's asynchronous PBT, whose per-trial pause/restore is several
 times faster here than synchronous PBT. Asynchronous PBT only exploits when
 one member is strictly worse, and the paper's two members are exactly
@@ -46,7 +46,7 @@ STEP_SIZES = (0.2, 0.19)  # member 0, member 1 (distinct: breaks the tie)
 STEP_SIZE = STEP_SIZES[0]
 EXPLORE_SD = 0.2
 READY_EVERY = 4  # steps between exploit/explore (the paper's "ready")
-BUDGET = 80  # gradient steps per member
+BUDGET = 120  # gradient steps per member
 TARGET_Q = 1.19
 
 

@@ -54,26 +54,56 @@ def mutable_hyperparameters(trainable: Any) -> tuple[str, ...]:
 
 
 class PopulationBasedTrainingNoIdlePause(PopulationBasedTraining):
-    """Ray's PBT, without pausing a trial when the whole population fits the cluster.
+    """Ray's PBT, without pausing trials that are not ahead when the population fits the cluster.
 
     Asynchronous Ray PBT pauses a trial at each perturbation whenever another
     trial is PENDING or PAUSED, to time-share a population larger than the
-    cluster. A trial is also PENDING while its worker starts, and a paused
-    trial makes the next one pause in turn: a population that fits the cluster
-    then runs one trial at a time, each pausing (and often re-exploiting a
-    paused donor) at every perturbation. Measured here: 2 trials on 2 CPUs took
-    4x the wall time of the same sweep without PBT. This scheduler keeps the
-    pause only when the live trials cannot all run at once (the cluster's
-    CPUs/GPUs over the trial's request), so larger populations still time-share.
+    cluster and keep its members at a similar pace. A trial is also PENDING
+    while its worker starts, and a paused trial makes the next one pause in
+    turn: a population that fits the cluster then runs one trial at a time,
+    each pausing (and often re-exploiting a paused donor) at every
+    perturbation. Measured here: 2 trials on 2 CPUs took 4x the wall time of
+    the same sweep without PBT.
+
+    This scheduler keeps Ray's pause when the live trials cannot all run at
+    once (larger populations still time-share), and when the trial is a whole
+    perturbation interval ahead of the slowest other live trial (so a trial
+    whose peers are still starting waits for them, as PBT needs); otherwise
+    the trial continues.
+
+    It also never exploits a donor that is behind: asynchronous Ray PBT lets a
+    trial in the lower quantile clone an upper-quantile trial whose last score
+    (and checkpoint) is from an earlier iteration, for instance one paused a
+    while ago; the trial then goes back in time and re-runs the same
+    iterations, again and again while the donor stays paused (seen here: one
+    trial re-ran iterations 9-12 twenty times). Such a trial continues instead.
     """
+
+    def _checkpoint_or_exploit(self, trial: Trial, tune_controller: Any, upper_quantile: list,
+                               lower_quantile: list) -> None:
+        if not self._synch and trial in lower_quantile:
+            now = self._trial_state[trial].last_train_time
+            donors = [t for t in upper_quantile if self._trial_state[t].last_train_time >= now]
+            if donors:
+                upper_quantile = donors
+            else:
+                lower_quantile = [t for t in lower_quantile if t is not trial]
+        super()._checkpoint_or_exploit(trial, tune_controller, upper_quantile, lower_quantile)
 
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
         decision = super().on_trial_result(tune_controller, trial, result)
         if decision == TrialScheduler.PAUSE and not self._synch and trial.status == Trial.RUNNING:
             live = [t for t in tune_controller.get_trials() if not t.is_finished()]
-            if len(live) <= _concurrent_slots(trial):
+            others = [t for t in live if t is not trial]
+            now = result.get(self._time_attr, 0)
+            slowest = min((_progress(t, self._time_attr) for t in others), default=now)
+            if len(live) <= _concurrent_slots(trial) and now - slowest < self._perturbation_interval:
                 return TrialScheduler.CONTINUE
         return decision
+
+
+def _progress(trial: Trial, time_attr: str) -> float:
+    return (trial.last_result or {}).get(time_attr, 0) or 0
 
 
 def _concurrent_slots(trial: Trial) -> int:
