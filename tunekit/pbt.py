@@ -66,10 +66,11 @@ class PopulationBasedTrainingNoIdlePause(PopulationBasedTraining):
     the same sweep without PBT.
 
     This scheduler keeps Ray's pause when the live trials cannot all run at
-    once (larger populations still time-share), and when the trial is a whole
-    perturbation interval ahead of the slowest other live trial (so a trial
-    whose peers are still starting waits for them, as PBT needs); otherwise
-    the trial continues.
+    once (larger populations still time-share), and when the trial is two
+    perturbation intervals ahead of the slowest other live trial (so a trial
+    whose peers are still starting waits for them, as PBT needs; one interval
+    of slack, because resuming a paused trial can take Ray seconds);
+    otherwise the trial continues.
 
     It also never exploits a donor that is behind: asynchronous Ray PBT lets a
     trial in the lower quantile clone an upper-quantile trial whose last score
@@ -97,7 +98,7 @@ class PopulationBasedTrainingNoIdlePause(PopulationBasedTraining):
             others = [t for t in live if t is not trial]
             now = result.get(self._time_attr, 0)
             slowest = min((_progress(t, self._time_attr) for t in others), default=now)
-            if len(live) <= _concurrent_slots(trial) and now - slowest < self._perturbation_interval:
+            if len(live) <= _concurrent_slots(trial) and now - slowest < 2 * self._perturbation_interval:
                 return TrialScheduler.CONTINUE
         return decision
 
