@@ -488,8 +488,8 @@ def read_state(
                 f"checkpoint {shown}/{STATE_FILE} holds objects that need arbitrary "
                 f"unpickling, which tunekit refuses ({first_line(exc)})"
             )
-        except (RuntimeError, EOFError, OSError) as exc:
-            error = f"checkpoint {shown}/{STATE_FILE} cannot be read: {exc}"
+        except Exception as exc:  # a damaged file can fail anywhere in the unpickler
+            error = f"checkpoint {shown}/{STATE_FILE} cannot be read: {first_line(exc)}"
         finally:
             report = check.result() if check is not None else None
         if report is not None and not report.ok:

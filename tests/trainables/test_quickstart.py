@@ -20,7 +20,8 @@ def test_quickstart_runs_and_prints_table(ray_session, storage, capsys):
     assert header.split() == ["trial", "lr", "momentum", "accuracy", "iterations", "state"]
     rows = [line.split() for line in out.splitlines() if re.match(r"^[0-9a-f]{5}_\d{5}\s", line)]
     assert len(rows) == 2
-    assert all(row[4] == "4" and row[5] == "TERMINATED" for row in rows)
+    # A PBT exploit late in the run can carry a trial to its donor's iteration, one past the stop.
+    assert all(int(row[4]) >= 4 and row[5] == "TERMINATED" for row in rows), rows
     best_acc = float(re.search(r"best trial: \S+ \(accuracy ([0-9.]+)\)", out).group(1))
     assert best_acc >= max(float(row[3]) for row in rows) - 1e-9
     ckpt = re.search(r"best checkpoint: (\S+)", out).group(1)
