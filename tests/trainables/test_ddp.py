@@ -47,15 +47,17 @@ def test_data_parallel_trial_checkpoints_every_rank_and_recovers_a_killed_worker
         streams = [read_state(str(ckpt / rank_dir(r)))["data"] for r in (0, 1)]
         assert streams[0] != streams[1]  # the ranks' data positions differ: sharded state
 
-    # Rank 1's process is killed after iteration 3; Train restarts the worker group from
-    # the checkpoint of iteration 2 (all ranks restored) and the run ends bit-equal.
+    # Rank 1's process is killed after iteration 5; Train restarts the worker group from
+    # its newest registered checkpoint (iteration 4, or 2 if 4 was not registered yet when
+    # the death was seen; all ranks restored) and the run ends bit-equal.
     marker = tmp_path / "killed"
-    faulty, faulty_runs = _run(storage, "faulty", fault={"rank": 1, "iteration": 3, "marker": str(marker)})
+    faulty, faulty_runs = _run(storage, "faulty", fault={"rank": 1, "iteration": 5, "marker": str(marker)},
+                               max_failures=2)
     assert marker.exists(), "the worker was never killed"
     assert not faulty.errors, faulty.errors
     assert faulty[0].metrics["iteration"] == CONFIG["epochs"]
     reported = faulty[0].metrics_dataframe["iteration"].tolist()
-    # restarted from the checkpoint of iteration 2, not from scratch: iteration 1 ran once
+    # restarted from a checkpoint, not from scratch: iteration 1 ran once
     assert reported.count(1) == 1 and sorted(set(reported)) == list(range(1, CONFIG["epochs"] + 1)), reported
     final_clean = read_state(str(_checkpoints(clean_runs)[-1]))["models"]["model"]
     final_faulty = read_state(str(_checkpoints(faulty_runs)[-1]))["models"]["model"]
