@@ -207,10 +207,6 @@ def _write_file(path: Path, data: bytes, *, sync: bool) -> None:
     os.replace(tmp, path)
 
 
-def _fsync_write(path: Path, data: bytes) -> None:
-    _write_file(path, data, sync=True)
-
-
 def write_checkpoint(
     directory: str | os.PathLike[str],
     state: dict[str, Any],
