@@ -1,6 +1,6 @@
 """Benchmark: a PBT sweep against the same sweep with no scheduler, and reuse_actors on/off.
 
-Same trainable (trainables.DigitsTrainable), trials, iterations and
+Same trainable (tunekit.trainables.DigitsTrainable), trials, iterations and
 checkpoint frequency in every variant; wall time of ``Tuner.fit()``, measured
 in one run, printed as ratios. Two populations: one that fits the machine
 (trials = CPUs, every trial runs all the time) and one twice as large (Ray's
@@ -29,7 +29,7 @@ def _sweep(storage: str, name: str, *, trials: int, iterations: int, interval: i
            steps: int) -> float:
     from ray import tune
 
-    from trainables import DigitsTrainable
+    from tunekit.trainables import DigitsTrainable
     from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
 
     quiet_pbt_keep_warning()

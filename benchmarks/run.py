@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from ray import tune  # noqa: E402
 
-from trainables.digits import build_digits_state, evaluate, train_steps  # noqa: E402
+from tunekit.trainables.digits import build_digits_state, evaluate, train_steps  # noqa: E402
 from tunekit import TorchTrainable, TrainingState  # noqa: E402
 
 FIGURES = ("overhead", "save", "restore", "integrity", "snapshot")
@@ -78,8 +78,8 @@ class PlainDigits(tune.Trainable):
 
 def _sweep(root: str, name: str, tunekit_side: bool, *, trials: int, iterations: int, every: int,
            parquet: bool = True) -> float:
-    from callbacks import CheckpointByStepsTaken, ParquetLogger
-    from trainables import DigitsTrainable
+    from tunekit.callbacks import CheckpointByStepsTaken, ParquetLogger
+    from tunekit.trainables import DigitsTrainable
 
     callbacks = [CheckpointByStepsTaken(every)] + ([ParquetLogger()] if tunekit_side and parquet else [])
     tuner = tune.Tuner(
@@ -168,10 +168,9 @@ def _best(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def _trainable(root: str, gib: float) -> BigState:
-    from ray.train._internal.storage import StorageContext
+    from tunekit._ray import storage_context
 
-    storage = StorageContext(storage_path=root, experiment_dir_name="save_bench", trial_dir_name="trial")
-    storage._create_validation_file()
+    storage = storage_context(root, "save_bench", "trial", validate=True)
     return BigState(config={"gib": gib}, storage=storage)
 
 
@@ -270,7 +269,7 @@ def _tiny(config: dict[str, Any]) -> None:
 def snapshot(args: argparse.Namespace, root: str) -> list[str]:
     from ray.tune.execution.tune_controller import TuneController
 
-    from callbacks import ParquetLogger
+    from tunekit.callbacks import ParquetLogger
 
     spent: list[float] = []
     original = TuneController.checkpoint

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from callbacks.improvement import CheckpointOnImprovement
-from callbacks.parquet import ParquetLogger
-from callbacks.preemption import CheckpointOnPreemption
-from callbacks.progress import ProgressPrinter
-from callbacks.steps import CheckpointByStepsTaken
-from callbacks.timed import CheckpointByTime
+from tunekit.callbacks.improvement import CheckpointOnImprovement
+from tunekit.callbacks.parquet import ParquetLogger
+from tunekit.callbacks.preemption import CheckpointOnPreemption
+from tunekit.callbacks.progress import ProgressPrinter
+from tunekit.callbacks.steps import CheckpointByStepsTaken
+from tunekit.callbacks.timed import CheckpointByTime
 
 __all__ = [
     "CheckpointByStepsTaken",

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from ray import tune
+from typing_extensions import override
 from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT
 
-from callbacks._checks import positive_number
+from tunekit.callbacks._checks import positive_number
 
 __all__ = ["CheckpointOnImprovement"]
 
@@ -32,6 +33,7 @@ class CheckpointOnImprovement(tune.Callback):
         self.min_delta = positive_number("CheckpointOnImprovement", "min_delta", min_delta, allow_zero=True)
         self._best: dict[str, float] = {}
 
+    @override
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
         value = result.get(self.metric)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
@@ -42,8 +44,10 @@ class CheckpointOnImprovement(tune.Callback):
             self._best[trial.trial_id] = float(value)
             result[SHOULD_CHECKPOINT] = True
 
+    @override
     def get_state(self) -> dict[str, Any] | None:
         return {"best": dict(self._best)}
 
+    @override
     def set_state(self, state: dict[str, Any]) -> None:
         self._best = dict(state.get("best", {}))

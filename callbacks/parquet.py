@@ -12,9 +12,11 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from ray import tune
+from typing_extensions import override
 from ray.tune.experiment import Trial
 
-from callbacks._checks import positive_number
+from tunekit.callbacks._checks import positive_number
+from tunekit._ray import trial_filesystem
 from tunekit.table import RESULTS_DIR, flatten_result, rows_to_table
 
 __all__ = ["ParquetLogger"]
@@ -70,26 +72,32 @@ class ParquetLogger(tune.Callback):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**{k.lstrip("_"): v for k, v in state.items()})
 
+    @override
     def setup(self, **info: Any) -> None:
         self._session = f"{int(time.time() * 1000):013d}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._last_flush = self._clock()
 
+    @override
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info: Any) -> None:
         if self._target is None:
-            self._target = (trial.storage.storage_filesystem, trial.storage.experiment_fs_path)
+            self._target = (trial_filesystem(trial), posixpath.dirname(trial.path.rstrip("/")))
         self._rows.append({"trial_id": trial.trial_id, **flatten_result(result)})
         if len(self._rows) >= self.batch_rows or self._clock() - self._last_flush >= self.flush_seconds:
             self.flush()
 
+    @override
     def on_checkpoint(self, iteration: int, trials: list[Trial], trial: Trial, checkpoint: Any, **info: Any) -> None:
         self.flush()
 
+    @override
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self.flush()
 
+    @override
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self.flush()
 
+    @override
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         self.flush()
         self.compact()

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ray import tune
+from typing_extensions import override
 from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT
 
-from callbacks._checks import positive_number
+from tunekit.callbacks._checks import positive_number
 
 __all__ = ["CheckpointOnPreemption"]
 
@@ -82,16 +83,19 @@ class CheckpointOnPreemption(tune.Callback):
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.trigger(signal.Signals(signum).name)
 
+    @override
     def setup(self, **info: Any) -> None:
         if threading.current_thread() is threading.main_thread():
             for sig in self.signals:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
 
+    @override
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
 
+    @override
     def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
         if self.triggered_by is None:
             now = time.monotonic()
@@ -110,10 +114,12 @@ class CheckpointOnPreemption(tune.Callback):
                 self._request_stop()
 
     # -- checkpointing --------------------------------------------------------
+    @override
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
         if self.triggered_by is not None and (self._pending is None or trial.trial_id in self._pending):
             result[SHOULD_CHECKPOINT] = True
 
+    @override
     def on_checkpoint(self, iteration: int, trials: list[Trial], trial: Trial, checkpoint: Any, **info: Any) -> None:
         if self.triggered_by is not None and self._pending is not None:
             self._pending.discard(trial.trial_id)

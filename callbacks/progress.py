@@ -7,6 +7,7 @@ import time
 from typing import Any, TextIO
 
 from ray import tune
+from typing_extensions import override
 from ray.tune.experiment import Trial
 
 __all__ = ["ProgressPrinter"]
@@ -34,6 +35,7 @@ class ProgressPrinter(tune.Callback):
     def _print(self, line: str) -> None:
         print(f"[{time.monotonic() - self._start:6.1f}s] {line}", file=self.stream or sys.stdout, flush=True)
 
+    @override
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
         self._latest[trial.trial_id] = result
         now = time.monotonic()
@@ -49,11 +51,13 @@ class ProgressPrinter(tune.Callback):
         iters = sum(int(r.get("training_iteration", 0)) for r in self._latest.values())
         self._print(f"{len(trials)} trials ({counts}); {iters} iterations; {best}")
 
+    @override
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         result = trial.last_result or {}
         value = result.get(self.metric)
         shown = f"{value:.4f}" if isinstance(value, (int, float)) else "n/a"
         self._print(f"trial {trial.trial_id} done after {result.get('training_iteration', 0)} iterations, {self.metric}={shown}")
 
+    @override
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self._print(f"trial {trial.trial_id} failed: {trial.error_file or 'see its error.txt'}")

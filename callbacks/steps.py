@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ray import tune
+from typing_extensions import override
 from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT, TRAINING_ITERATION
 
@@ -37,6 +38,7 @@ class CheckpointByStepsTaken(tune.Callback):
         self.steps_per_checkpoint = iterations_per_checkpoint
         self._last: dict[str, int] = {}
 
+    @override
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
     ) -> None:
@@ -50,8 +52,10 @@ class CheckpointByStepsTaken(tune.Callback):
             result[SHOULD_CHECKPOINT] = True
             self._last[trial.trial_id] = current
 
+    @override
     def get_state(self) -> dict[str, Any] | None:
         return {"last": dict(self._last)}
 
+    @override
     def set_state(self, state: dict[str, Any]) -> None:
         self._last = dict(state.get("last", {}))

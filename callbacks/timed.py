@@ -6,10 +6,11 @@ import time
 from typing import Any, Callable
 
 from ray import tune
+from typing_extensions import override
 from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT
 
-from callbacks._checks import positive_number
+from tunekit.callbacks._checks import positive_number
 
 ITERATIONS_SINCE_RESTORE = "iterations_since_restore"  # autofilled by Trainable.train
 
@@ -31,6 +32,7 @@ class CheckpointByTime(tune.Callback):
         self._clock = clock
         self._since: dict[str, float] = {}
 
+    @override
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
         now = self._clock()
         if result.get(ITERATIONS_SINCE_RESTORE) == 1:  # (re)started: restart its clock

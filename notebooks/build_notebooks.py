@@ -19,7 +19,7 @@ def _params(source: str):
 QUICKSTART = [
     new_markdown_cell(
         "# tunekit quickstart\n\n"
-        "Run a small Population Based Training sweep of `trainables.DigitsTrainable` (an MLP on "
+        "Run a small Population Based Training sweep of `tunekit.trainables.DigitsTrainable` (an MLP on "
         "scikit-learn's 8x8 digits) on a local Ray, then analyse it with `tunekit.analysis`: all "
         "results in one DataFrame, the best trial, the best checkpoint loaded for inference, and "
         "learning curves."
@@ -28,7 +28,7 @@ QUICKSTART = [
     new_code_cell(
         "import tempfile\n\n"
         "import ray\n"
-        "from trainables.quickstart import run_quickstart\n\n"
+        "from tunekit.trainables.quickstart import run_quickstart\n\n"
         "storage = STORAGE or tempfile.mkdtemp(prefix='tunekit-nb-')\n"
         "ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)\n"
         "summary = run_quickstart(num_samples=NUM_SAMPLES, max_iterations=MAX_ITERATIONS,\n"
@@ -44,7 +44,7 @@ QUICKSTART = [
     new_markdown_cell("## The best trial and its best checkpoint, loaded for inference"),
     new_code_cell(
         "import torch\n"
-        "from trainables.digits import digits_model, evaluate\n"
+        "from tunekit.trainables.digits import digits_model, evaluate\n"
         "from tunekit.analysis import best_trial, load_best_model\n\n"
         "best = best_trial(experiment, metric='accuracy', mode='max', scope='max')\n"
         "model = load_best_model(experiment, digits_model(64), metric='accuracy', mode='max', scope='max')\n"
@@ -68,7 +68,7 @@ QUICKSTART = [
 PBT = [
     new_markdown_cell(
         "# PBT lineage and hyperparameter schedules\n\n"
-        "A synchronous PBT run of `trainables.DigitsTrainable` with `callbacks.ParquetLogger`, then "
+        "A synchronous PBT run of `tunekit.trainables.DigitsTrainable` with `tunekit.callbacks.ParquetLogger`, then "
         "`tunekit.analysis.pbt_lineage`: every exploit (who copied whom, at which iteration, old and "
         "new config), the ancestry of each trial's final weights, and each trial's `lr` schedule. "
         "Last, `tunekit report` writes the HTML report of the run."
@@ -79,8 +79,8 @@ PBT = [
         "import ray\n"
         "from ray import tune\n"
         "from ray.tune.schedulers import PopulationBasedTraining\n\n"
-        "from callbacks import ParquetLogger\n"
-        "from trainables import DigitsTrainable\n\n"
+        "from tunekit.callbacks import ParquetLogger\n"
+        "from tunekit.trainables import DigitsTrainable\n\n"
         "storage = tempfile.mkdtemp(prefix='tunekit-nb-')\n"
         "ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)\n"
         "pbt = PopulationBasedTraining(time_attr='training_iteration', perturbation_interval=INTERVAL,\n"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trainables.class_api import DigitsTrainable
-from trainables.digits import DEFAULTS, load_digits_data
-from trainables.function_api import TrainDigits, train_digits
+from tunekit.trainables.class_api import DigitsTrainable
+from tunekit.trainables.digits import DEFAULTS, load_digits_data
+from tunekit.trainables.function_api import TrainDigits, train_digits
 
 __all__ = ["DEFAULTS", "DigitsTrainable", "TrainDigits", "load_digits_data", "train_digits"]

@@ -8,7 +8,7 @@ import torch
 from ray.tune.result import SHOULD_CHECKPOINT
 
 from tunekit import TorchTrainable, TrainingState, load_model, read_metadata
-from trainables.digits import DEFAULTS, build_digits_state, digits_model, evaluate, train_steps
+from tunekit.trainables.digits import DEFAULTS, build_digits_state, digits_model, evaluate, train_steps
 
 __all__ = ["DigitsTrainable"]
 

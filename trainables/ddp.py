@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainables.digits import build_digits_state, evaluate
+from tunekit.trainables.digits import build_digits_state, evaluate
 from tunekit.checkpoint import read_state, write_checkpoint
 from tunekit.errors import CheckpointError
 from tunekit.rng import seed_everything
@@ -101,7 +101,7 @@ def train_loop(config: dict[str, Any]) -> None:
                 if rank == 0:  # replicated state: once, by rank 0 (its manifest lists rank-0/ too)
                     write_checkpoint(tmp, {k: sd[k] for k in REPLICATED_KEYS},
                                      metadata={"iteration": iteration, "world_size": world,
-                                               "trainable": "trainables.ddp:tune_ddp", "config": _digits_config(config)})
+                                               "trainable": "tunekit.trainables.ddp:tune_ddp", "config": _digits_config(config)})
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
         else:
             ray.train.report(metrics)

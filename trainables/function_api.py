@@ -6,7 +6,7 @@ from typing import Any
 
 from tunekit import FunctionSession, function_trainable, trial_device
 from tunekit.rng import seed_everything
-from trainables.digits import DEFAULTS, build_digits_state, evaluate, train_steps
+from tunekit.trainables.digits import DEFAULTS, build_digits_state, evaluate, train_steps
 
 __all__ = ["TrainDigits", "train_digits"]
 
@@ -23,7 +23,7 @@ def train_digits(config: dict[str, Any]) -> None:
     seed_everything(config.get("seed", DEFAULTS["seed"]))
     device = trial_device()
     state = build_digits_state(config, device)
-    session = FunctionSession(state, config=config, name="trainables.function_api:train_digits")
+    session = FunctionSession(state, config=config, name="tunekit.trainables.function_api:train_digits")
     steps = config.get("steps_per_iteration", DEFAULTS["steps_per_iteration"])
     every = config.get("checkpoint_every")
     max_iterations = config.get("max_iterations")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import posixpath
 import sys
 import time
 from dataclasses import dataclass
@@ -14,7 +13,9 @@ import pyarrow.fs as pafs
 
 from tunekit.errors import ConfigError, first_line
 from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
+from tunekit.snapshot import best_of, read_experiment
 from tunekit.storage import DEFAULT_STORAGE_PATH, check_cluster_storage, probe_storage, resolve_storage
+from tunekit.table import format_table
 
 __all__ = ["DEFAULT_STORAGE", "QuickstartSummary", "run_quickstart"]
 
@@ -33,27 +34,30 @@ class QuickstartSummary:
     best_trial_id: str
     best_accuracy: float
     best_checkpoint: str
+    best_iteration: int | None
     wall_s: float
 
 
 def _format_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["trial", "lr", "momentum", "accuracy", "iterations", "state"]
+    headers = ["", "trial", "lr", "momentum", "accuracy", "best ckpt", "iterations", "state"]
+
+    def number(value: Any) -> str:
+        return f"{value:.4f}" if value is not None else "n/a"
+
     cells = [
         [
+            "*" if r.get("best") else "",
             r["trial"],
             f"{r['lr']:.4g}",
             f"{r['momentum']:.4g}",
-            f"{r['accuracy']:.4f}" if r["accuracy"] is not None else "n/a",
+            number(r["accuracy"]),
+            number(r.get("best_checkpoint_accuracy")),
             str(r["iterations"]),
             r["state"],
         ]
         for r in rows
     ]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
-    return "\n".join(out)
+    return format_table(headers, cells)
 
 
 def run_quickstart(
@@ -68,7 +72,7 @@ def run_quickstart(
     shared_storage: bool = False,
     stream: TextIO | None = None,
 ) -> QuickstartSummary:
-    """Run a PBT sweep of :class:`trainables.DigitsTrainable` and print a summary.
+    """Run a PBT sweep of :class:`tunekit.trainables.DigitsTrainable` and print a summary.
 
     Connects to the Ray cluster at ``address`` (default: the ``RAY_ADDRESS``
     environment variable); without one, starts a local Ray (``cpus`` CPUs,
@@ -82,8 +86,9 @@ def run_quickstart(
     import ray
     from ray import tune
 
-    from callbacks import ProgressPrinter
-    from trainables.class_api import DigitsTrainable
+    from tunekit._ray import quiet_ray_notices, quiet_tune_banner
+    from tunekit.callbacks import ProgressPrinter
+    from tunekit.trainables.class_api import DigitsTrainable
 
     out = stream or sys.stdout
     for label, value, low in (("num_samples", num_samples, 1), ("max_iterations", max_iterations, 1)):
@@ -110,18 +115,21 @@ def run_quickstart(
     if address and cpus is not None:
         raise ConfigError(f"quickstart(cpus={cpus}, address={address!r}): --cpus is for a local Ray; "
                           "a cluster brings its own CPUs")
+    # A default run prints tunekit's progress and summary only: the Ray notices
+    # that do not apply here are dropped (see tunekit._ray.RAY_NOTICES for why).
+    undo = [quiet_ray_notices(), quiet_tune_banner()]
     started_ray = False
-    if not ray.is_initialized():
-        if address:
-            try:
-                ray.init(address=address, log_to_driver=False, configure_logging=False)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise ConfigError(f"quickstart(address={address!r}): cannot connect to a Ray cluster there "
-                                  f"({first_line(exc)}); expected the head's host:port, as `ray start --head` printed") from None
-        else:
-            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        started_ray = True
     try:
+        if not ray.is_initialized():
+            if address:
+                try:
+                    ray.init(address=address, log_to_driver=False, configure_logging=False)
+                except (ConnectionError, RuntimeError, ValueError) as exc:
+                    raise ConfigError(f"quickstart(address={address!r}): cannot connect to a Ray cluster there "
+                                      f"({first_line(exc)}); expected the head's host:port, as `ray start --head` printed") from None
+            else:
+                ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            started_ray = True
         check_cluster_storage(storage, shared=shared_storage)
         available_gpus = ray.cluster_resources().get("GPU", 0)
         if gpus_per_trial > 0 and available_gpus < gpus_per_trial:
@@ -172,41 +180,51 @@ def run_quickstart(
     finally:
         if started_ray:
             ray.shutdown()
+        for restore in undo:
+            restore()
 
+    # The best model is the best checkpoint on storage across all trials, read
+    # from the experiment directory exactly as `tunekit status --metric
+    # accuracy --mode max` and tunekit.analysis.best_checkpoint read it.
+    snapshot = read_experiment(experiment)
+    best = snapshot.best_checkpoint(METRIC, "max")
+    if best is None or best.checkpoint is None or best.value is None:
+        raise ConfigError(f"quickstart: no checkpoint of {experiment.uri} recorded {METRIC!r}")
+    trials = {t.trial_id: t for t in snapshot.trials}
     rows = []
     for result in grid:
         metrics = result.metrics or {}
+        trial_id = str(metrics.get("trial_id", "?"))
+        own = best_of(trials[trial_id].checkpoints, METRIC, "max") if trial_id in trials else None
         rows.append(
             {
-                "trial": str(metrics.get("trial_id", "?")),
+                "trial": trial_id,
                 "lr": float(result.config.get("lr", float("nan"))),
                 "momentum": float(result.config.get("momentum", float("nan"))),
                 "accuracy": metrics.get(METRIC),
+                "best_checkpoint_accuracy": own.metrics.get(METRIC) if own is not None else None,
                 "iterations": int(metrics.get("training_iteration", 0)),
                 "state": "ERROR" if result.error else "TERMINATED",
+                "best": trial_id == best.trial_id,
             }
         )
-    best = grid.get_best_result(metric=METRIC, mode="max", scope="all")
-    kept = [(c, m) for c, m in (best.best_checkpoints or []) if isinstance(m.get(METRIC), (int, float))]
-    if not kept:
-        raise RuntimeError(f"quickstart: best trial {best.path} has no checkpoint with {METRIC!r}")
-    best_ckpt, best_metrics = max(kept, key=lambda pair: pair[1][METRIC])
     summary = QuickstartSummary(
         experiment_path=experiment.uri,
         rows=rows,
-        best_trial_id=str(best.metrics.get("trial_id")),
-        best_accuracy=float(best_metrics[METRIC]),
-        best_checkpoint=(
-            best_ckpt.path
-            if storage.is_local
-            else experiment.join(posixpath.relpath(best_ckpt.path, experiment.path)).uri
-        ),
+        best_trial_id=best.trial_id,
+        best_accuracy=best.value,
+        best_checkpoint=best.checkpoint.uri,
+        best_iteration=best.checkpoint.iteration,
         wall_s=wall,
     )
     print("", file=out)
     print(_format_table(rows), file=out)
     print("", file=out)
-    print(f"best trial: {summary.best_trial_id} (accuracy {summary.best_accuracy:.4f})", file=out)
+    print(
+        f"best trial: {summary.best_trial_id} (its checkpoint at iteration {summary.best_iteration}: "
+        f"accuracy {summary.best_accuracy:.4f})",
+        file=out,
+    )
     print(f"best checkpoint: {summary.best_checkpoint}", file=out)
     print(f"finished in {wall:.1f}s; experiment at {summary.experiment_path}", file=out, flush=True)
     return summary

@@ -23,7 +23,7 @@ synchronous schedule reaches ``Q >= 1.19`` in 5000 of 5000 seeds; without
 exploit/explore the best member stays at ``1.2 - 0.81 = 0.39``.
 Run it as an example::
 
-    python -m trainables.toy_pbt            # PBT against no PBT, same budget
+    python -m tunekit.trainables.toy_pbt            # PBT against no PBT, same budget
 """
 
 from __future__ import annotations

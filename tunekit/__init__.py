@@ -6,25 +6,80 @@ environment or touches storage until a function is called.
 
 from __future__ import annotations
 
-from tunekit.checkpoint import (
-    CheckpointReport,
-    load_model,
-    local_checkpoint,
-    read_metadata,
-    read_state,
-    verify_checkpoint,
-    write_checkpoint,
-)
-from tunekit.data import ShuffledBatches
-from tunekit.device import release_memory, trial_device
-from tunekit.errors import CheckpointError, ConfigError, ExperimentError, StorageError, TunekitError
-from tunekit.function import FunctionSession, function_trainable
-from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
-from tunekit.rng import capture_rng, restore_rng, seed_everything
-from tunekit.state import Counters, TrainingState
-from tunekit.storage import Storage, check_cluster_storage, probe_storage, resolve_storage
-from tunekit.torch_trainable import TorchTrainable
-from tunekit.verify import ExperimentCheck, verify_experiment
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tunekit.checkpoint import (
+        CheckpointReport,
+        load_model,
+        local_checkpoint,
+        read_metadata,
+        read_state,
+        verify_checkpoint,
+        write_checkpoint,
+    )
+    from tunekit.data import ShuffledBatches
+    from tunekit.device import release_memory, trial_device
+    from tunekit.errors import CheckpointError, ConfigError, ExperimentError, StorageError, TunekitError
+    from tunekit.function import FunctionSession, function_trainable
+    from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
+    from tunekit.rng import capture_rng, restore_rng, seed_everything
+    from tunekit.state import Counters, TrainingState
+    from tunekit.storage import Storage, check_cluster_storage, probe_storage, resolve_storage
+    from tunekit.torch_trainable import TorchTrainable
+    from tunekit.verify import ExperimentCheck, verify_experiment
+
+# Public name -> the module that defines it. ``import tunekit`` imports none of
+# them: the offline tools (status, verify, report, analysis) and ``tunekit
+# --help`` must not pay for Ray and torch; a name is imported on first use.
+_LAZY = {
+    "CheckpointReport": "tunekit.checkpoint",
+    "load_model": "tunekit.checkpoint",
+    "local_checkpoint": "tunekit.checkpoint",
+    "read_metadata": "tunekit.checkpoint",
+    "read_state": "tunekit.checkpoint",
+    "verify_checkpoint": "tunekit.checkpoint",
+    "write_checkpoint": "tunekit.checkpoint",
+    "ShuffledBatches": "tunekit.data",
+    "release_memory": "tunekit.device",
+    "trial_device": "tunekit.device",
+    "CheckpointError": "tunekit.errors",
+    "ConfigError": "tunekit.errors",
+    "ExperimentError": "tunekit.errors",
+    "StorageError": "tunekit.errors",
+    "TunekitError": "tunekit.errors",
+    "FunctionSession": "tunekit.function",
+    "function_trainable": "tunekit.function",
+    "DEFAULT_MUTABLE": "tunekit.hparams",
+    "apply_hyperparameters": "tunekit.hparams",
+    "capture_rng": "tunekit.rng",
+    "restore_rng": "tunekit.rng",
+    "seed_everything": "tunekit.rng",
+    "Counters": "tunekit.state",
+    "TrainingState": "tunekit.state",
+    "Storage": "tunekit.storage",
+    "check_cluster_storage": "tunekit.storage",
+    "probe_storage": "tunekit.storage",
+    "resolve_storage": "tunekit.storage",
+    "TorchTrainable": "tunekit.torch_trainable",
+    "ExperimentCheck": "tunekit.verify",
+    "verify_experiment": "tunekit.verify",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tunekit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 
@@ -46,10 +101,10 @@ __all__ = [
     "__version__",
     "apply_hyperparameters",
     "capture_rng",
+    "check_cluster_storage",
     "function_trainable",
     "load_model",
     "local_checkpoint",
-    "check_cluster_storage",
     "probe_storage",
     "read_metadata",
     "read_state",

@@ -27,7 +27,7 @@ from tunekit.checkpoint import load_model
 from tunekit.errors import ConfigError, ExperimentError, StorageError
 from tunekit.experiment_dir import find_trials
 from tunekit.results import parse_result_lines, read_text
-from tunekit.snapshot import ExperimentSnapshot, read_experiment
+from tunekit.snapshot import ExperimentSnapshot, best_of, read_experiment
 from tunekit.storage import Storage, resolve_storage
 from tunekit.table import RESULTS_DIR, flatten_result, is_number
 
@@ -146,7 +146,7 @@ def load_results(
 ) -> pd.DataFrame:
     """All results of all trials: one row per trial and iteration.
 
-    Reads the Parquet dataset that :class:`callbacks.ParquetLogger` wrote
+    Reads the Parquet dataset that :class:`tunekit.callbacks.ParquetLogger` wrote
     (fast), or else each trial's ``result.json`` (any Ray Tune experiment).
     Iterations that ran again after a restore are kept once: the row of the
     lineage that went on. Config values are columns ``config/<name>``.
@@ -229,25 +229,40 @@ def best_trial(
     }
     snap = snapshot or read_experiment(experiment)
     trial = next((t for t in snap.trials if t.trial_id == trial_id or t.name == trial_id), None)
-    checkpoint = None
-    if trial is not None and trial.checkpoints:
-        scored = [c for c in trial.checkpoints if is_number(c.metrics.get(metric))]
-        if scored:
-            pick = max if mode == "max" else min
-            checkpoint = pick(scored, key=lambda c: c.metrics[metric]).uri
-        else:
-            checkpoint = trial.checkpoints[-1].uri
-    return BestTrial(trial_id, metric, float(scores[trial_id]), config, checkpoint)
+    chosen = best_of(trial.checkpoints, metric, mode) if trial is not None else None
+    return BestTrial(trial_id, metric, float(scores[trial_id]), config, chosen.uri if chosen else None)
 
 
 def best_checkpoint(
-    location: str | Storage, *, metric: str, mode: Literal["max", "min"], scope: Scope = "last"
+    location: str | Storage,
+    *,
+    metric: str,
+    mode: Literal["max", "min"],
+    scope: Scope | None = None,
 ) -> str:
-    """The URI (or path) of the best trial's best checkpoint."""
-    best = best_trial(location, metric=metric, mode=mode, scope=scope)
-    if best.checkpoint is None:
-        raise ExperimentError(f"best trial {best.trial_id} has no checkpoint")
-    return best.checkpoint
+    """The URI (or path) of the best checkpoint for ``metric``.
+
+    By default the best checkpoint across all trials (the one on storage with
+    the best recorded ``metric``; see
+    :meth:`tunekit.snapshot.ExperimentSnapshot.best_checkpoint`), which is
+    what ``tunekit quickstart`` and ``tunekit status --metric --mode`` name.
+    With a ``scope``, the best trial by that scope (see :func:`best_trial`)
+    and then that trial's best checkpoint.
+    """
+    if mode not in ("max", "min"):
+        raise ConfigError(f"best_checkpoint(mode={mode!r}): expected 'max' or 'min'")
+    experiment = resolve_storage(location)
+    if scope is not None:
+        trial = best_trial(experiment, metric=metric, mode=mode, scope=scope)
+        trial_id, uri = trial.trial_id, trial.checkpoint
+    else:
+        best = read_experiment(experiment).best_checkpoint(metric, mode)
+        if best is None:
+            raise ExperimentError(f"{experiment.uri}: no trial reported {metric!r}")
+        trial_id, uri = best.trial_id, best.uri
+    if uri is None:
+        raise ExperimentError(f"best trial {trial_id} has no checkpoint")
+    return uri
 
 
 def load_best_model(
@@ -256,7 +271,7 @@ def load_best_model(
     *,
     metric: str,
     mode: Literal["max", "min"],
-    scope: Scope = "last",
+    scope: Scope | None = None,
     name: str | None = None,
 ) -> Any:
     """Load the best checkpoint's weights into ``model`` (eval mode), ready for inference.
@@ -264,7 +279,7 @@ def load_best_model(
     Args:
         location: The experiment directory.
         model: A ``torch.nn.Module`` of the trained architecture.
-        metric, mode, scope: How "best" is decided (see :func:`best_trial`).
+        metric, mode, scope: How "best" is decided (see :func:`best_checkpoint`).
         name: Which model of the checkpoint's state (default: the first).
     """
     return load_model(best_checkpoint(location, metric=metric, mode=mode, scope=scope), model, name=name)

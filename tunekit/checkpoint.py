@@ -39,20 +39,26 @@ import os
 import pickle
 import posixpath
 import shutil
+import sys
 import tempfile
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, Union
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Union
 
 import pyarrow
 import pyarrow.fs as pafs
-import torch
-from ray import tune
 
 from tunekit.errors import CheckpointError, StorageError, first_line
 from tunekit.storage import Storage, resolve_storage
+
+if TYPE_CHECKING:
+    import torch
+    from ray import tune
+
+# torch and Ray are imported where a function needs them, not here: the offline
+# readers (status, verify, report) use this module without either.
 
 __all__ = [
     "MANIFEST_FILE",
@@ -79,13 +85,17 @@ MANIFEST_FORMAT = "tunekit-manifest/2"
 _TUNEKIT_FILES = (STATE_FILE, METADATA_FILE, MANIFEST_FILE)
 _CHUNK = 8 * 1024 * 1024
 
-CheckpointLocation = Union[str, "os.PathLike[str]", Storage, tune.Checkpoint]
+CheckpointLocation = Union[str, "os.PathLike[str]", Storage, "tune.Checkpoint"]
 
 
 def _locate(location: CheckpointLocation) -> Storage:
     """Where a checkpoint lives, as (filesystem, path)."""
-    if isinstance(location, tune.Checkpoint):
-        return Storage(location.filesystem, location.path, str(location.path))
+    # A Ray checkpoint can only exist once Ray is imported; looking its class
+    # up in sys.modules keeps Ray out of the offline readers.
+    for module in ("ray.tune", "ray.train"):
+        cls = getattr(sys.modules.get(module), "Checkpoint", None)
+        if cls is not None and isinstance(location, cls):
+            return Storage(location.filesystem, location.path, str(location.path))
     return resolve_storage(location)
 
 
@@ -237,6 +247,8 @@ def write_checkpoint(
     Returns:
         The checkpoint directory.
     """
+    import torch
+
     sync = bool(durable)
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
@@ -467,6 +479,8 @@ def read_state(
         CheckpointError: the directory is incomplete or corrupt (``verify``),
             or the file would need arbitrary unpickling to load.
     """
+    import torch
+
     with local_checkpoint(location) as directory:
         shown = _locate(location).uri
         # Verify on a helper thread while torch.load reads the same (cached)

@@ -50,7 +50,7 @@ def _non_negative_float(text: str) -> float:
 def _cmd_quickstart(args: argparse.Namespace) -> int:
     # The quickstart is an example sweep of the reference trainables; it is the
     # one place where tunekit reaches into `trainables`, lazily.
-    from trainables.quickstart import run_quickstart
+    from tunekit.trainables.quickstart import run_quickstart
 
     summary = run_quickstart(
         num_samples=args.num_samples,
@@ -96,14 +96,6 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def _format_table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    return "\n".join(lines)
-
-
 def _short(value: Any, width: int = 12) -> str:
     text = f"{value:.4g}" if isinstance(value, float) else str(value)
     return text if len(text) <= width else text[: width - 1] + "~"
@@ -113,6 +105,7 @@ def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None
     import time as _time
 
     from tunekit.snapshot import format_counts
+    from tunekit.table import format_table
 
     started = (
         _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(snapshot.start_time))
@@ -138,18 +131,16 @@ def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None
         row += [_short(trial.config.get(k, "-")) for k in varying]
         row += [str(len(trial.checkpoints)), _short(trial.error or "", 60)]
         rows.append(row)
-    print(_format_table(headers, rows))
+    print(format_table(headers, rows))
     if metric and mode:
-        best = snapshot.best_trial(metric, mode)
+        best = snapshot.best_checkpoint(metric, mode)
         if best is None:
             print(f"no trial reported {metric!r}")
         else:
-            print(f"best trial for {metric} ({mode}): {best.trial_id} {metric}={_short(best.metric(metric))}")
-            scored = [c for c in best.checkpoints if isinstance(c.metrics.get(metric), (int, float))]
-            pick = max if mode == "max" else min
-            chosen = pick(scored, key=lambda c: c.metrics[metric]) if scored else (best.checkpoints or [None])[-1]
-            if chosen is not None:
-                print(f"best checkpoint: {chosen.uri}")
+            value = "-" if best.value is None else _short(best.value)
+            print(f"best trial for {metric} ({mode}): {best.trial_id} {metric}={value}")
+            if best.checkpoint is not None:
+                print(f"best checkpoint: {best.checkpoint.uri}")
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -161,8 +152,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         payload = snapshot.as_dict()
         if args.metric:
-            best = snapshot.best_trial(args.metric, args.mode)
+            best = snapshot.best_checkpoint(args.metric, args.mode)
             payload["best_trial"] = best.trial_id if best else None
+            payload["best_checkpoint"] = best.uri if best else None
+            payload["best_value"] = best.value if best else None
         print(json.dumps(payload, indent=1, default=str))
     else:
         _print_snapshot(snapshot, args.metric, args.mode)
@@ -213,7 +206,7 @@ def _build_parser() -> _Parser:
         "quickstart",
         help="run a small PBT sweep of the digits MLP on a local Ray",
         description=(
-            "Run a Population Based Training sweep of trainables.DigitsTrainable "
+            "Run a Population Based Training sweep of tunekit.trainables.DigitsTrainable "
             "(scikit-learn's 8x8 digits) on a local Ray, then print the trials, the "
             "best trial and its best checkpoint."
         ),
@@ -269,7 +262,7 @@ def _build_parser() -> _Parser:
     errored = resume.add_mutually_exclusive_group()
     errored.add_argument("--resume-errored", action="store_true", help="resume errored trials from their last checkpoint")
     errored.add_argument("--restart-errored", action="store_true", help="restart errored trials from scratch")
-    resume.add_argument("--trainable", default=None, metavar="MODULE:ATTR", help="the trainable, e.g. trainables:DigitsTrainable")
+    resume.add_argument("--trainable", default=None, metavar="MODULE:ATTR", help="the trainable, e.g. tunekit.trainables:DigitsTrainable")
     resume.add_argument("--cpus", type=_int_at_least(1), default=None, help="CPUs of the local Ray (default: all)")
     resume.set_defaults(func=_cmd_resume)
 

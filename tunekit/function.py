@@ -40,10 +40,10 @@ import threading
 from typing import Any, Callable, Mapping
 
 from ray import tune
-from ray.train._internal.checkpoint_manager import _TrainingResult
-from ray.train._internal.session import get_session
 from ray.tune.result import RESULT_DUPLICATE
-from ray.tune.trainable import FunctionTrainable
+from typing_extensions import override
+
+from tunekit import _ray
 
 from tunekit.errors import ConfigError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
@@ -111,6 +111,7 @@ class FunctionSession:
             name = f"{fn.__module__}:{fn.__qualname__}" if fn is not None else "function"
         self.name = name
         self.restored_from: str | None = None
+        self._metrics: dict[str, Any] | None = None
         checkpoint = tune.get_checkpoint()
         if checkpoint is not None:
             with checkpoint.as_directory() as directory:
@@ -137,7 +138,12 @@ class FunctionSession:
     def save(self, directory: str) -> None:
         """Write a tunekit checkpoint of the current state into ``directory``."""
         save_trial_state(
-            directory, self.state, config=self.config, mutable=self.mutable, trainable=self.name
+            directory,
+            self.state,
+            config=self.config,
+            mutable=self.mutable,
+            trainable=self.name,
+            metrics=self._metrics,
         )
 
     def report(self, metrics: dict[str, Any], *, checkpoint: bool = False) -> None:
@@ -148,6 +154,7 @@ class FunctionSession:
             checkpoint: Write a checkpoint of this iteration and report it.
         """
         self.state.counters.iteration += 1
+        self._metrics = metrics
         if not checkpoint:
             tune.report(metrics)
             return
@@ -159,21 +166,18 @@ class FunctionSession:
             shutil.rmtree(directory, ignore_errors=True)
 
 
+@_ray.adopt_function_runner
 class _CheckpointingFunctionTrainable(tune.Trainable):
     """Runs a training function like Ray's FunctionTrainable, but can save on request.
 
     Deliberately *not* a subclass of ``FunctionTrainable``: Tune then accepts
     ``checkpoint_frequency``/``checkpoint_at_end`` and asks it to save, and
     ``save`` writes the state of the function's :class:`FunctionSession`.
+    Ray's function runner (``setup``, ``step``, ``execute``) is reused as is
+    (:func:`tunekit._ray.adopt_function_runner`).
     """
 
     _train_fn: Callable[[dict[str, Any]], Any]
-
-    # Ray's function runner machinery, reused as is.
-    setup = FunctionTrainable.setup
-    step = FunctionTrainable.step
-    execute = FunctionTrainable.execute
-    _report_thread_runner_error = FunctionTrainable._report_thread_runner_error
 
     _tunekit_saver: Callable[[str], None] | None = None
     _tunekit_saved: tuple[int, Any] | None = None
@@ -185,15 +189,16 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         finally:
             _current.adapter = None
         if isinstance(output, dict) and output:
-            get_session().report(output)
-        get_session().report({RESULT_DUPLICATE: True})
+            _ray.session_report(output)
+        _ray.session_report({RESULT_DUPLICATE: True})
         return output
 
-    def save(self, checkpoint_dir: str | None = None) -> _TrainingResult:
-        metrics = dict(self._last_result or {})
+    @override
+    def save(self, checkpoint_dir: str | None = None) -> Any:
+        metrics = _ray.last_result(self)
         if self._tunekit_saved is not None and self._tunekit_saved[0] == self.iteration:
             return self._tunekit_saved[1]
-        reported = self._last_training_result
+        reported = _ray.last_reported(self)
         if reported is not None and reported.checkpoint is not None:
             reported.metrics.update(metrics)
             result = reported
@@ -201,40 +206,38 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
             directory = checkpoint_dir or tempfile.mkdtemp(prefix="tunekit-ckpt-")
             try:
                 self._tunekit_saver(directory)
-                result = self._report_class_trainable_checkpoint(directory, directory)
+                result = _ray.report_checkpoint_dir(self, directory)
                 confirm_remote_upload(result)
             finally:
-                if not checkpoint_dir and self._storage:
+                if not checkpoint_dir and _ray.trainable_storage(self):
                     shutil.rmtree(directory, ignore_errors=True)
         else:
-            return _TrainingResult(checkpoint=None, metrics=metrics)
+            return _ray.TrainingResult(checkpoint=None, metrics=metrics)
         self._tunekit_saved = (self.iteration, result)
         return result
 
     _tunekit_temps: list[str] | None = None
 
+    @override
     def restore(self, checkpoint_path: Any) -> None:
         # Verified (falling back to the trial's newest good checkpoint) and
         # local; the session reads it when the training function starts.
         remove_temps(self._tunekit_temps or [])
         checkpoint_path, self._tunekit_temps = prepare_restore(checkpoint_path)
-        metrics = checkpoint_path.metrics
-        self._iteration = metrics.get("training_iteration", 0)
-        self._time_total = metrics.get("time_total_s", 0)
-        self._time_since_restore = 0.0
-        self._iterations_since_restore = 0
+        _ray.set_restored(self, checkpoint_path.metrics)
         self._tunekit_saved = None
-        get_session().loaded_checkpoint = checkpoint_path.checkpoint
-        self._restored = True
+        _ray.give_session_checkpoint(checkpoint_path.checkpoint)
 
+    @override
     def cleanup(self) -> None:
-        FunctionTrainable.cleanup(self)
+        _ray.function_runner_cleanup(self)
         remove_temps(self._tunekit_temps or [])
 
+    @override
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         self._tunekit_saver = None
         self._tunekit_saved = None
-        return FunctionTrainable.reset_config(self, new_config)
+        return _ray.function_runner_reset(self, new_config)
 
 
 def function_trainable(

@@ -15,7 +15,7 @@
 
 Example:
     >>> from ray import tune
-    >>> from trainables import DigitsTrainable
+    >>> from tunekit.trainables import DigitsTrainable
     >>> setup = pbt_setup(DigitsTrainable, metric="accuracy", mode="max",
     ...                   perturbation_interval=4, mutations={"lr": tune.loguniform(1e-3, 0.5)})
     >>> setup.checkpoint_config.checkpoint_frequency, setup.tune_config_kwargs()["reuse_actors"]
@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping
@@ -31,6 +32,9 @@ from typing import Any, Callable, Literal, Mapping
 from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
+from typing_extensions import override
+
+from tunekit._ray import PBTWithDonorChoice
 
 from tunekit.errors import ConfigError
 from tunekit.hparams import DEFAULT_MUTABLE
@@ -53,7 +57,7 @@ def mutable_hyperparameters(trainable: Any) -> tuple[str, ...]:
     return DEFAULT_MUTABLE
 
 
-class PopulationBasedTrainingNoIdlePause(PopulationBasedTraining):
+class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
     """Ray's PBT, without pausing trials that are not ahead when the population fits the cluster.
 
     Asynchronous Ray PBT pauses a trial at each perturbation whenever another
@@ -80,25 +84,34 @@ class PopulationBasedTrainingNoIdlePause(PopulationBasedTraining):
     trial re-ran iterations 9-12 twenty times). Such a trial continues instead.
     """
 
-    def _checkpoint_or_exploit(self, trial: Trial, tune_controller: Any, upper_quantile: list,
-                               lower_quantile: list) -> None:
-        if not self._synch and trial in lower_quantile:
-            now = self._trial_state[trial].last_train_time
-            donors = [t for t in upper_quantile if self._trial_state[t].last_train_time >= now]
-            if donors:
-                upper_quantile = donors
-            else:
-                lower_quantile = [t for t in lower_quantile if t is not trial]
-        super()._checkpoint_or_exploit(trial, tune_controller, upper_quantile, lower_quantile)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The settings this scheduler's rules read, kept from its own arguments.
+        bound = inspect.signature(PopulationBasedTraining.__init__).bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        self.synch: bool = bool(bound.arguments["synch"])
+        self.time_attr: str = bound.arguments["time_attr"]
+        self.perturbation_interval: float = bound.arguments["perturbation_interval"]
 
+    @override
+    def choose_quantiles(self, trial: Trial, upper: list, lower: list) -> tuple[list, list]:
+        if not self.synch and trial in lower:
+            now = self.last_scored_time(trial)
+            donors = [t for t in upper if self.last_scored_time(t) >= now]
+            if donors:
+                return donors, lower
+            return upper, [t for t in lower if t is not trial]
+        return upper, lower
+
+    @override
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
         decision = super().on_trial_result(tune_controller, trial, result)
-        if decision == TrialScheduler.PAUSE and not self._synch and trial.status == Trial.RUNNING:
+        if decision == TrialScheduler.PAUSE and not self.synch and trial.status == Trial.RUNNING:
             live = [t for t in tune_controller.get_trials() if not t.is_finished()]
             others = [t for t in live if t is not trial]
-            now = result.get(self._time_attr, 0)
-            slowest = min((_progress(t, self._time_attr) for t in others), default=now)
-            if len(live) <= _concurrent_slots(trial) and now - slowest < 2 * self._perturbation_interval:
+            now = result.get(self.time_attr, 0)
+            slowest = min((_progress(t, self.time_attr) for t in others), default=now)
+            if len(live) <= _concurrent_slots(trial) and now - slowest < 2 * self.perturbation_interval:
                 return TrialScheduler.CONTINUE
         return decision
 

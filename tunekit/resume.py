@@ -38,7 +38,7 @@ def import_trainable(spec: str) -> Any:
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(f"trainable {spec!r}: expected module:attr, e.g. trainables:DigitsTrainable")
+        raise ConfigError(f"trainable {spec!r}: expected module:attr, e.g. tunekit.trainables:DigitsTrainable")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:

@@ -39,6 +39,7 @@ from tunekit.storage import Storage, resolve_storage
 
 __all__ = [
     "STATUSES",
+    "BestCheckpoint",
     "CheckpointSummary",
     "ExperimentSnapshot",
     "TrialSnapshot",
@@ -74,6 +75,40 @@ class CheckpointSummary:
         return {"name": self.name, "uri": self.uri, "iteration": self.iteration, "metrics": self.metrics}
 
 
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def best_of(
+    checkpoints: list[CheckpointSummary], metric: str, mode: Literal["max", "min"]
+) -> CheckpointSummary | None:
+    """The checkpoint with the best ``metric``; the latest if none records it."""
+    scored = [c for c in checkpoints if _number(c.metrics.get(metric)) is not None]
+    if not scored:
+        return checkpoints[-1] if checkpoints else None
+    pick = max if mode == "max" else min
+    return pick(scored, key=lambda c: c.metrics[metric])
+
+
+@dataclass(frozen=True)
+class BestCheckpoint:
+    """The best checkpoint of an experiment for a metric, and the trial it belongs to."""
+
+    trial: TrialSnapshot
+    checkpoint: CheckpointSummary | None
+    value: float | None
+
+    @property
+    def trial_id(self) -> str:
+        return self.trial.trial_id
+
+    @property
+    def uri(self) -> str | None:
+        return self.checkpoint.uri if self.checkpoint is not None else None
+
+
 @dataclass
 class TrialSnapshot:
     """What the experiment directory says about one trial."""
@@ -97,10 +132,7 @@ class TrialSnapshot:
             values = [self.last_result.get(name)]
         else:
             values = [row.get(name) for row in self.results]
-        numbers = [
-            float(v) for v in values
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        ]
+        numbers = [n for n in map(_number, values) if n is not None]
         if not numbers:
             return None
         if scope == "max":
@@ -164,6 +196,29 @@ class ExperimentSnapshot:
             return None
         pick = max if mode == "max" else min
         return pick(scored, key=lambda pair: pair[0])[1]
+
+    def best_checkpoint(self, metric: str, mode: Literal["max", "min"]) -> BestCheckpoint | None:
+        """The best *checkpoint* across all trials by ``metric``, and its trial.
+
+        This is what "the best model" means: the checkpoint on storage with the
+        best recorded ``metric`` (ties go to the earlier trial, then the earlier
+        checkpoint). When no checkpoint records ``metric``, the trial with the
+        best last value and its latest checkpoint. None if no trial reported it.
+        ``tunekit quickstart``, ``tunekit status --metric --mode`` and
+        :func:`tunekit.analysis.best_checkpoint` all answer with this.
+        """
+        if mode not in ("max", "min"):
+            raise ConfigError(f"best_checkpoint(mode={mode!r}): expected 'max' or 'min'")
+        candidates = [(t, c) for t in self.trials for c in t.checkpoints]
+        scored = [(t, c) for t, c in candidates if _number(c.metrics.get(metric)) is not None]
+        if scored:
+            sign = 1.0 if mode == "max" else -1.0
+            trial, chosen = max(scored, key=lambda pair: sign * pair[1].metrics[metric])
+            return BestCheckpoint(trial, chosen, float(chosen.metrics[metric]))
+        trial = self.best_trial(metric, mode)
+        if trial is None:
+            return None
+        return BestCheckpoint(trial, best_of(trial.checkpoints, metric, mode), trial.metric(metric))
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -266,16 +321,20 @@ def _checkpoints(
         row = by_name.get(ckpt.name, {})
         iteration = row.get("training_iteration")
         try:
-            meta_iteration = read_metadata(ckpt.location).get("iteration")
+            meta = read_metadata(ckpt.location)
         except CheckpointError:
-            meta_iteration = None
+            meta = {}
+        meta_iteration = meta.get("iteration")
         if isinstance(meta_iteration, int):
             iteration = meta_iteration
         if not row and iteration is not None:  # class trainables save after the result
             row = next((r for r in rows if r.get("training_iteration") == iteration), {})
+        # tunekit checkpoints carry their iteration's metrics too: Ray's
+        # result.json can lose rows (a resumed trial's file restarted empty).
+        saved = meta.get("metrics") if isinstance(meta.get("metrics"), dict) else {}
         metrics = {
-            k: v for k, v in row.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "training_iteration"
+            k: v for k, v in {**saved, **row}.items()
+            if _number(v) is not None and k != "training_iteration"
         }
         out.append(CheckpointSummary(ckpt.name, ckpt.location.uri, iteration, metrics))
     return out

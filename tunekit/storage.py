@@ -1,6 +1,6 @@
 """Turn a storage location into ``(pyarrow FileSystem, path)``, once, and probe it.
 
-Where a location enters tunekit (the CLI, :func:`trainables.run_quickstart`,
+Where a location enters tunekit (the CLI, :func:`tunekit.trainables.run_quickstart`,
 :func:`tunekit.verify_experiment`, ...), it goes through
 :func:`resolve_storage`; nothing below that point parses URIs again.
 

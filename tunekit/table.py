@@ -8,9 +8,9 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-__all__ = ["RESULTS_DIR", "flatten_result", "rows_to_table"]
+__all__ = ["RESULTS_DIR", "flatten_result", "format_table", "rows_to_table"]
 
-#: Where :class:`callbacks.ParquetLogger` writes, inside the experiment directory.
+#: Where :class:`tunekit.callbacks.ParquetLogger` writes, inside the experiment directory.
 RESULTS_DIR = "tunekit_results"
 
 
@@ -62,3 +62,18 @@ def rows_to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
 def is_number(value: Any) -> bool:
     """A finite int or float (bools excluded)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def format_table(headers: list[str], rows: list[list[str]]) -> str:
+    """A plain-text table: left-aligned columns two spaces apart, a rule under the headers.
+
+    >>> print(format_table(["a", "bb"], [["1", "2"]]))
+    a  bb
+    -  --
+    1  2
+    """
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)

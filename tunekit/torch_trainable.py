@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 import torch
 from ray import tune
+from typing_extensions import override
 
 from tunekit.checkpoint import wait_for_durability
 from tunekit.device import release_memory, trial_device
@@ -86,6 +87,7 @@ class TorchTrainable(tune.Trainable):
             )
 
     # -- Ray Trainable API --------------------------------------------------
+    @override
     def setup(self, config: dict[str, Any]) -> None:
         self.device = trial_device()
         self._init_state(config)
@@ -104,6 +106,7 @@ class TorchTrainable(tune.Trainable):
         self.state = state
         self._saved: tuple[int, Any] | None = None
 
+    @override
     def step(self) -> dict[str, Any]:
         metrics = self.train_iteration()
         if not isinstance(metrics, dict):
@@ -112,8 +115,12 @@ class TorchTrainable(tune.Trainable):
                 f"got {type(metrics).__name__}"
             )
         self.state.counters.iteration += 1
+        self._metrics = metrics
         return metrics
 
+    _metrics: dict[str, Any] | None = None
+
+    @override
     def save(self, checkpoint_dir: str | None = None) -> Any:
         if self._saved is not None and self._saved[0] == self.iteration and not checkpoint_dir:
             return self._saved[1]
@@ -132,6 +139,7 @@ class TorchTrainable(tune.Trainable):
 
     _durable = True
 
+    @override
     def save_checkpoint(self, checkpoint_dir: str) -> str:
         save_trial_state(
             checkpoint_dir,
@@ -139,10 +147,12 @@ class TorchTrainable(tune.Trainable):
             config=self.config,
             mutable=self.mutable(),
             trainable=f"{type(self).__module__}:{type(self).__qualname__}",
+            metrics=self._metrics,
             durable=self._durable,
         )
         return checkpoint_dir
 
+    @override
     def restore(self, checkpoint_path: Any) -> None:
         # A local checkpoint is verified while it loads (one pass over the bytes).
         request = local_request(checkpoint_path)
@@ -162,6 +172,7 @@ class TorchTrainable(tune.Trainable):
 
     _verified: str | None = None
 
+    @override
     def load_checkpoint(self, checkpoint: Any) -> None:
         if not isinstance(checkpoint, str):
             raise ConfigError(
@@ -178,6 +189,7 @@ class TorchTrainable(tune.Trainable):
         )
         self._saved = None
 
+    @override
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         # Nothing of the previous trial may survive: rebuild from the new config.
         del self.state
@@ -185,6 +197,7 @@ class TorchTrainable(tune.Trainable):
         self._init_state(new_config)
         return True
 
+    @override
     def cleanup(self) -> None:
         self.__dict__.pop("state", None)
         release_memory()

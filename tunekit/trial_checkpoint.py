@@ -22,7 +22,9 @@ from typing import Any, Callable, Mapping
 
 import pyarrow.fs as pafs
 from ray import tune
-from ray.train._internal.checkpoint_manager import _TrainingResult
+
+from tunekit import _ray
+from tunekit._ray import TrainingResult
 
 from tunekit.checkpoint import (
     CheckpointReport,
@@ -59,10 +61,13 @@ def save_trial_state(
     config: Mapping[str, Any],
     mutable: tuple[str, ...],
     trainable: str,
+    metrics: Mapping[str, Any] | None = None,
     durable: bool = True,
 ) -> None:
     """Write ``state`` plus the trial's current mutable hyperparameters.
 
+    ``metrics``: the reported metrics of the iteration saved, kept in the
+    metadata so the checkpoint says how good it is without ``result.json``.
     ``durable=False``: see :func:`tunekit.checkpoint.write_checkpoint`.
     """
     sd = state.state_dict()
@@ -79,12 +84,13 @@ def save_trial_state(
             "hparams": hparams,
             "device": str(trial_device()),
             "models": sorted(state.models),
+            "metrics": dict(metrics or {}),
         },
         durable=durable,
     )
 
 
-def save_in_place(trainable: tune.Trainable, write: Callable[[str], None]) -> _TrainingResult | None:
+def save_in_place(trainable: tune.Trainable, write: Callable[[str], None]) -> TrainingResult | None:
     """Save a class trainable's checkpoint straight into local storage.
 
     Does what ``Trainable.save`` does for a trial on local storage (next
@@ -99,13 +105,10 @@ def save_in_place(trainable: tune.Trainable, write: Callable[[str], None]) -> _T
         The result ``save()`` returns, or None when the trainable has no local
         storage (the caller then uses ``Trainable.save``).
     """
-    storage = getattr(trainable, "_storage", None)
-    if storage is None or type(storage.storage_filesystem) is not pafs.LocalFileSystem:
+    target = _ray.next_local_checkpoint(trainable)
+    if target is None:
         return None
-    metrics = trainable._last_result.copy() if trainable._last_result else {}
-    storage._update_checkpoint_index(metrics)
-    storage._check_validation_file()
-    final = storage.checkpoint_fs_path
+    final, metrics = target
     parent = os.path.dirname(final)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.partial-", dir=parent)
@@ -118,9 +121,7 @@ def save_in_place(trainable: tune.Trainable, write: Callable[[str], None]) -> _T
         shutil.rmtree(staging, ignore_errors=True)
         raise
     sync_in_background(final)
-    storage.persist_artifacts(force=storage.sync_config.sync_artifacts_on_checkpoint)
-    checkpoint = tune.Checkpoint(path=final, filesystem=storage.storage_filesystem)
-    return _TrainingResult(checkpoint=checkpoint, metrics=metrics)
+    return _ray.publish_local_checkpoint(trainable, final, metrics)
 
 
 def restore_trial_state(
@@ -148,12 +149,12 @@ def restore_trial_state(
     return changed
 
 
-def _as_training_result(checkpoint: Any) -> _TrainingResult:
+def _as_training_result(checkpoint: Any) -> TrainingResult:
     if isinstance(checkpoint, (str, os.PathLike)):
         checkpoint = tune.Checkpoint.from_directory(os.fspath(checkpoint))
     if isinstance(checkpoint, tune.Checkpoint):
-        return _TrainingResult(checkpoint=checkpoint, metrics={})
-    if isinstance(checkpoint, _TrainingResult):
+        return TrainingResult(checkpoint=checkpoint, metrics={})
+    if isinstance(checkpoint, TrainingResult):
         return checkpoint
     raise CheckpointError(
         f"cannot restore from {type(checkpoint).__name__}: expected a checkpoint "
@@ -194,7 +195,7 @@ def _other_checkpoints(checkpoint: tune.Checkpoint, *, newer_too: bool) -> list[
     return [tune.Checkpoint(path, filesystem=fs) for _, path in sorted(found, reverse=True)]
 
 
-def local_request(checkpoint: Any) -> _TrainingResult | None:
+def local_request(checkpoint: Any) -> TrainingResult | None:
     """What Tune asked to restore, if it is a local directory that exists (else None).
 
     Such a checkpoint can be loaded directly: :func:`tunekit.checkpoint.read_state`
@@ -208,7 +209,7 @@ def local_request(checkpoint: Any) -> _TrainingResult | None:
     return None
 
 
-def prepare_restore(checkpoint: Any) -> tuple[_TrainingResult, list[str]]:
+def prepare_restore(checkpoint: Any) -> tuple[TrainingResult, list[str]]:
     """Resolve what Tune asked to restore into a good, local checkpoint.
 
     Returns:
@@ -224,7 +225,7 @@ def prepare_restore(checkpoint: Any) -> tuple[_TrainingResult, list[str]]:
     try:
         local, report = _fetch(requested.checkpoint, temps)
         if report.ok:
-            return _TrainingResult(checkpoint=local, metrics=requested.metrics), temps
+            return TrainingResult(checkpoint=local, metrics=requested.metrics), temps
         skipped = [report]
         # A checkpoint deleted meanwhile (Ray keeps only ``num_to_keep``; a PBT
         # donor may have moved on) is replaced by the trial's newest good one;
@@ -243,7 +244,7 @@ def prepare_restore(checkpoint: Any) -> tuple[_TrainingResult, list[str]]:
                 iteration,
             )
             metrics = {**requested.metrics, "training_iteration": iteration}
-            return _TrainingResult(checkpoint=local, metrics=metrics), temps
+            return TrainingResult(checkpoint=local, metrics=metrics), temps
         raise CheckpointError(
             f"cannot restore: checkpoint {report.describe()}; the trial has no good "
             f"checkpoint {'left' if missing else 'before it'} to fall back to"

@@ -7,7 +7,7 @@ import sys
 import ray
 from ray import tune
 
-from callbacks import CheckpointOnPreemption
+from tunekit.callbacks import CheckpointOnPreemption
 from tests.callbacks.scripted import ScriptedTrainable
 
 STOP = 60

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from ray import tune
 
-from callbacks import CheckpointByStepsTaken, CheckpointByTime, CheckpointOnImprovement, CheckpointOnPreemption
+from tunekit.callbacks import CheckpointByStepsTaken, CheckpointByTime, CheckpointOnImprovement, CheckpointOnPreemption
 from tests.callbacks.scripted import ScriptedTrainable, TickClock
 from tests.trainables.contract import KillActorOnce, checkpoint_iterations
-from trainables import DigitsTrainable, TrainDigits
+from tunekit.trainables import DigitsTrainable, TrainDigits
 
 
 def _fit(storage, name, callbacks, *, stop, trainable=ScriptedTrainable, config=None, max_failures=0, **ckpt):

@@ -19,9 +19,9 @@ from tests.faults import flip_byte
 
 def make_actor(cls: type, config: dict[str, Any], storage: Path, trial: str):
     """A trainable in its own Ray actor (its own worker process), with Tune storage."""
-    from ray.train._internal.storage import StorageContext
+    from tunekit._ray import storage_context
 
-    context = StorageContext(storage_path=str(storage), experiment_dir_name="exp", trial_dir_name=trial)
+    context = storage_context(str(storage), "exp", trial)
     return ray.remote(num_cpus=1)(cls).remote(config=config, storage=context)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainables import DigitsTrainable
+from tunekit.trainables import DigitsTrainable
 from tunekit import read_state
 from tunekit.state import TrainingState
 from tests.trainables.contract import tensors_equal

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from ray import tune
 
-from callbacks import CheckpointByStepsTaken
-from trainables import DigitsTrainable, TrainDigits
+from tunekit.callbacks import CheckpointByStepsTaken
+from tunekit.trainables import DigitsTrainable, TrainDigits
 from tunekit import read_state
 from tests.trainables.contract import (
     DamageAndKill,
@@ -156,7 +156,7 @@ def test_checkpoint_semantics(ray_session, trainable, storage, config_extra, sto
 
 
 def test_plain_function_checkpoints_on_request_and_resumes(ray_session, storage):
-    from trainables import train_digits
+    from tunekit.trainables import train_digits
 
     config = {**CONFIG, "checkpoint_every": 2, "max_iterations": 4}
     grid = tune.Tuner(

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from ray import tune
 
-from trainables.ddp import rank_dir, tune_ddp
+from tunekit.trainables.ddp import rank_dir, tune_ddp
 from tunekit import read_metadata, read_state, verify_checkpoint
 
 CONFIG = {"lr": 0.05, "momentum": 0.9, "hidden_size": 16, "batch_size": 32, "seed": 7,

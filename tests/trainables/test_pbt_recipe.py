@@ -7,8 +7,8 @@ import ray
 from ray import tune
 
 from tests.trainables.contract import KillActorOnce
-from trainables import DigitsTrainable, TrainDigits
-from trainables.toy_pbt import TARGET_Q, run_toy_problem
+from tunekit.trainables import DigitsTrainable, TrainDigits
+from tunekit.trainables.toy_pbt import TARGET_Q, run_toy_problem
 from tunekit import ConfigError
 from tunekit.pbt import pbt_setup
 

@@ -4,7 +4,7 @@ import re
 
 import torch
 
-from trainables import DigitsTrainable
+from tunekit.trainables import DigitsTrainable
 from tunekit import verify_checkpoint
 from tunekit.cli import main
 
@@ -28,7 +28,7 @@ def test_quickstart_runs_and_prints_table(ray_session, storage, capsys):
     assert ckpt.startswith(str(storage / "qs"))
     assert verify_checkpoint(ckpt).ok
     model = DigitsTrainable.load_model(ckpt)
-    from trainables.digits import load_digits_data
+    from tunekit.trainables.digits import load_digits_data
 
     data = load_digits_data()
     with torch.no_grad():

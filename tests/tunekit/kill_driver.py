@@ -19,8 +19,8 @@ import ray
 from ray import tune
 from ray.tune.execution.tune_controller import TuneController
 
-from callbacks import ParquetLogger
-from trainables import DigitsTrainable
+from tunekit.callbacks import ParquetLogger
+from tunekit.trainables import DigitsTrainable
 
 STOP = 8
 CONFIG = {"hidden_size": 16, "batch_size": 32, "steps_per_iteration": 5}

@@ -13,10 +13,10 @@ import torch
 from ray import tune
 from ray.tune.schedulers import PopulationBasedTraining
 
-from callbacks import ParquetLogger
+from tunekit.callbacks import ParquetLogger
 from tests.tunekit.events import read_events
-from trainables import DigitsTrainable
-from trainables.digits import digits_model, evaluate
+from tunekit.trainables import DigitsTrainable
+from tunekit.trainables.digits import digits_model, evaluate
 from tunekit import ConfigError, ExperimentError, resolve_storage
 from tunekit.analysis import best_checkpoint, best_trial, load_best_model, load_results, pbt_lineage
 from tunekit.cli import main

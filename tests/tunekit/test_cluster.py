@@ -13,8 +13,8 @@ import pytest
 import ray
 from ray import tune
 
-from trainables import DigitsTrainable
-from trainables.quickstart import run_quickstart
+from tunekit.trainables import DigitsTrainable
+from tunekit.trainables.quickstart import run_quickstart
 from tunekit import ConfigError, check_cluster_storage, resolve_storage
 from tunekit.analysis import load_results
 from tunekit.verify import verify_experiment

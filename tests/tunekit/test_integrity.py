@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from trainables.digits import build_digits_state, digits_model, train_steps
+from tunekit.trainables.digits import build_digits_state, digits_model, train_steps
 from tunekit import (
     CheckpointError,
     load_model,
@@ -178,7 +178,7 @@ def test_in_place_save_leaves_only_committed_checkpoints(ray_session, storage):
     """TorchTrainable on local storage writes each checkpoint once, beside its final place."""
     from ray import tune
 
-    from trainables import DigitsTrainable
+    from tunekit.trainables import DigitsTrainable
 
     grid = tune.Tuner(
         DigitsTrainable,

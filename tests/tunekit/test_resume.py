@@ -46,7 +46,7 @@ def test_resume_after_kill_completes_every_trial_exactly(point, reference, stora
 
     assert main(["resume", str(exp)]) == 0
     out = capsys.readouterr().out
-    assert "trainable: trainables.class_api:DigitsTrainable (recorded in its checkpoints)" in out
+    assert "trainable: tunekit.trainables.class_api:DigitsTrainable (recorded in its checkpoints)" in out
     assert "now 2 TERMINATED" in out
 
     after = read_experiment(str(exp))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from ray import tune
 
-from trainables import DigitsTrainable
+from tunekit.trainables import DigitsTrainable
 from tunekit import ExperimentError
 from tunekit.cli import main
 from tunekit.snapshot import read_experiment

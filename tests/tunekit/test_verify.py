@@ -11,7 +11,7 @@ from ray import tune
 from tests.conftest import S3_SECRET
 from tests.tunekit.outage import S3Outage
 from tests.faults import delete_manifest, flip_byte
-from trainables import DigitsTrainable
+from tunekit.trainables import DigitsTrainable
 from tunekit import read_state, resolve_storage, verify_checkpoint, verify_experiment
 from tunekit.cli import main
 from tunekit.experiment_dir import find_trials

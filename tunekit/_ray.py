@@ -1,0 +1,268 @@
+"""Every private Ray name tunekit uses, in one place.
+
+tunekit builds on Ray Tune's public API wherever it does the job. A few things
+have no public API: writing a class trainable's checkpoint straight into its
+final directory, a function trainable that Tune asks to save, and PBT's choice
+of donor. The private names those need live here and nowhere else; the rest of
+tunekit calls the functions below. ``tests/tunekit/test_ray_contract.py``
+checks each name and the signature relied on, against the installed Ray, and
+fails naming the one that changed. ``setup.cfg`` bounds Ray to the versions
+that contract (and the suite) passed on.
+
+Private names, by owner:
+
+* ``ray.train._internal.checkpoint_manager._TrainingResult``: what
+  ``Trainable.save`` returns and ``restore`` takes.
+* ``ray.train._internal.session.get_session``: the function runner's session
+  (``report``, ``loaded_checkpoint``).
+* ``ray.tune.trainable.FunctionTrainable``: its ``setup``, ``step``,
+  ``execute``, ``cleanup``, ``reset_config`` and ``_report_thread_runner_error``
+  run a training function on a thread; tunekit's adapter reuses them.
+* ``Trainable`` attributes: ``_last_result``, ``_storage``, ``_iteration``,
+  ``_time_total``, ``_time_since_restore``, ``_iterations_since_restore``,
+  ``_restored``, ``_last_training_result`` (function runner), and
+  ``_report_class_trainable_checkpoint``.
+* ``ray.train._internal.storage.StorageContext`` (``trainable._storage``,
+  ``trial.storage``; built by :func:`storage_context` for tests and benchmarks):
+  ``_update_checkpoint_index``, ``_check_validation_file``,
+  ``_create_validation_file``, ``checkpoint_fs_path``, ``persist_artifacts``,
+  ``sync_config``, ``storage_filesystem``.
+* ``PopulationBasedTraining``: the hook ``_checkpoint_or_exploit`` and
+  ``_trial_state[trial].last_train_time``.
+* Loggers whose exact messages the quickstart filters (see
+  :func:`quiet_ray_notices`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+from ray import tune
+from ray.train._internal.checkpoint_manager import _TrainingResult
+from ray.train._internal.session import get_session
+from ray.tune.schedulers import PopulationBasedTraining
+from ray.tune.trainable import FunctionTrainable
+from typing_extensions import override
+
+__all__ = [
+    "FUNCTION_RUNNER_METHODS",
+    "PBTWithDonorChoice",
+    "RAY_NOTICES",
+    "TrainingResult",
+    "adopt_function_runner",
+    "function_runner_cleanup",
+    "function_runner_reset",
+    "give_session_checkpoint",
+    "last_reported",
+    "last_result",
+    "next_local_checkpoint",
+    "publish_local_checkpoint",
+    "quiet_ray_notices",
+    "quiet_tune_banner",
+    "report_checkpoint_dir",
+    "session_report",
+    "set_restored",
+    "storage_context",
+    "trainable_storage",
+    "trial_filesystem",
+]
+
+#: What ``Trainable.save`` returns and ``Trainable.restore`` accepts.
+TrainingResult = _TrainingResult
+
+
+# -- class and function trainables ---------------------------------------------
+def last_result(trainable: tune.Trainable) -> dict[str, Any]:
+    """A copy of the trainable's last reported result (empty before the first)."""
+    return dict(trainable._last_result or {})
+
+
+def storage_context(storage_path: str, experiment: str, trial: str, *, validate: bool = False) -> Any:
+    """A trial's ``StorageContext``, to run a trainable outside Tune (tests, benchmarks).
+
+    ``validate=True`` writes the marker Tune's driver writes before a trial saves.
+    """
+    from ray.train._internal.storage import StorageContext
+
+    context = StorageContext(storage_path=storage_path, experiment_dir_name=experiment, trial_dir_name=trial)
+    if validate:
+        context._create_validation_file()
+    return context
+
+
+def trainable_storage(trainable: tune.Trainable) -> Any:
+    """The trial's ``StorageContext`` inside its actor, or None outside Tune."""
+    return getattr(trainable, "_storage", None)
+
+
+def next_local_checkpoint(trainable: tune.Trainable) -> tuple[str, dict[str, Any]] | None:
+    """The next checkpoint's final directory when the trial's storage is local.
+
+    Advances the trial's checkpoint index exactly as ``Trainable.save`` does.
+    Returns ``(directory, metrics)``, or None when the trial has no storage or
+    the storage is not the local filesystem.
+    """
+    import pyarrow.fs as pafs
+
+    storage = trainable_storage(trainable)
+    if storage is None or type(storage.storage_filesystem) is not pafs.LocalFileSystem:
+        return None
+    metrics = last_result(trainable)
+    storage._update_checkpoint_index(metrics)
+    storage._check_validation_file()
+    return storage.checkpoint_fs_path, metrics
+
+
+def publish_local_checkpoint(trainable: tune.Trainable, directory: str, metrics: dict[str, Any]) -> TrainingResult:
+    """What ``Trainable.save`` returns for a checkpoint written at ``directory``."""
+    storage = trainable_storage(trainable)
+    storage.persist_artifacts(force=storage.sync_config.sync_artifacts_on_checkpoint)
+    checkpoint = tune.Checkpoint(path=directory, filesystem=storage.storage_filesystem)
+    return TrainingResult(checkpoint=checkpoint, metrics=metrics)
+
+
+def report_checkpoint_dir(trainable: tune.Trainable, directory: str) -> TrainingResult:
+    """Upload a checkpoint directory the way a class trainable's ``save`` does."""
+    return trainable._report_class_trainable_checkpoint(directory, directory)
+
+
+def last_reported(trainable: tune.Trainable) -> TrainingResult | None:
+    """The function runner's last ``tune.report`` (metrics and checkpoint), if any."""
+    return trainable._last_training_result
+
+
+def set_restored(trainable: tune.Trainable, metrics: dict[str, Any]) -> None:
+    """Set the trainable's counters as ``Trainable.restore`` does for ``metrics``."""
+    trainable._iteration = metrics.get("training_iteration", 0)
+    trainable._time_total = metrics.get("time_total_s", 0)
+    trainable._time_since_restore = 0.0
+    trainable._iterations_since_restore = 0
+    trainable._restored = True
+
+
+def give_session_checkpoint(checkpoint: Any) -> None:
+    """Hand ``checkpoint`` to the function runner's session (``tune.get_checkpoint``)."""
+    get_session().loaded_checkpoint = checkpoint
+
+
+def session_report(metrics: dict[str, Any]) -> None:
+    """Report from the function runner's thread without a checkpoint."""
+    get_session().report(metrics)
+
+
+#: FunctionTrainable methods that run a training function on a thread.
+FUNCTION_RUNNER_METHODS = ("setup", "step", "execute", "_report_thread_runner_error")
+
+
+def adopt_function_runner(cls: type) -> type:
+    """Give ``cls`` Ray's function-runner machinery without subclassing FunctionTrainable.
+
+    Tune refuses ``checkpoint_frequency``/``checkpoint_at_end`` for subclasses
+    of FunctionTrainable; a plain Trainable that runs the function the same
+    way is asked to save like any class trainable.
+    """
+    for name in FUNCTION_RUNNER_METHODS:
+        setattr(cls, name, getattr(FunctionTrainable, name))
+    return cls
+
+
+def function_runner_cleanup(trainable: tune.Trainable) -> None:
+    FunctionTrainable.cleanup(trainable)
+
+
+def function_runner_reset(trainable: tune.Trainable, new_config: dict[str, Any]) -> bool:
+    return FunctionTrainable.reset_config(trainable, new_config)
+
+
+# -- callbacks -------------------------------------------------------------------
+def trial_filesystem(trial: Any) -> Any:
+    """The ``pyarrow.fs.FileSystem`` a trial's :attr:`Trial.path` is on."""
+    return trial.storage.storage_filesystem
+
+
+# -- PBT -------------------------------------------------------------------------
+class PBTWithDonorChoice(PopulationBasedTraining):
+    """Ray's PBT with a public hook where it picks whom a trial may clone.
+
+    Ray decides "exploit or checkpoint" in the private ``_checkpoint_or_exploit``;
+    subclasses override :meth:`choose_quantiles` instead.
+    """
+
+    def choose_quantiles(self, trial: Any, upper: list, lower: list) -> tuple[list, list]:
+        """The (upper, lower) quantiles Ray's exploit decision sees for ``trial``."""
+        return upper, lower
+
+    def last_scored_time(self, trial: Any) -> float:
+        """The ``time_attr`` of the trial's last score PBT recorded."""
+        return self._trial_state[trial].last_train_time
+
+    @override
+    def _checkpoint_or_exploit(self, trial: Any, tune_controller: Any, upper_quantile: list,
+                               lower_quantile: list) -> None:
+        upper, lower = self.choose_quantiles(trial, upper_quantile, lower_quantile)
+        super()._checkpoint_or_exploit(trial, tune_controller, upper, lower)
+
+
+# -- output ----------------------------------------------------------------------
+class _DropMessages(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+#: logger -> the exact message starts that :func:`quiet_ray_notices` drops, and why.
+RAY_NOTICES: dict[str, tuple[str, ...]] = {
+    # ray.init of a new local cluster turns token authentication on (the safe
+    # default we keep) and says how to turn it off; nothing for the user to do.
+    "ray._private.authentication.authentication_token_setup": (
+        "Token authentication is enabled for this Ray cluster",
+    ),
+    # A forced experiment snapshot after num_to_keep checkpoints: the
+    # quickstart's state is a few trials on the experiment's own storage, a
+    # snapshot costs milliseconds, and it is what keeps the state consistent
+    # with the checkpoints Ray deletes.
+    "ray.tune.execution.experiment_state": (
+        "Experiment state snapshotting has been triggered multiple times",
+    ),
+    # A trial resumed before the driver ever synced its result.json: Ray then
+    # keeps appending to the driver's local copy, which holds every row.
+    "ray.tune.logger.logger": ("Remote file not found:",),
+}
+
+
+def quiet_ray_notices() -> Callable[[], None]:
+    """Drop exactly the Ray log lines in :data:`RAY_NOTICES`; returns the undo."""
+    undo = []
+    for name, prefixes in RAY_NOTICES.items():
+        log, flt = logging.getLogger(name), _DropMessages(prefixes)
+        log.addFilter(flt)
+        undo.append((log, flt))
+
+    def restore() -> None:
+        for log, flt in undo:
+            log.removeFilter(flt)
+
+    return restore
+
+
+def quiet_tune_banner() -> Callable[[], None]:
+    """Use Tune's classic reporter, which prints nothing at ``verbose=0``.
+
+    Tune's default output prints an experiment banner and a TensorBoard path
+    into Ray's temporary session directory even at ``verbose=0``.
+    """
+    previous = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+
+    def restore() -> None:
+        if previous is None:
+            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+        else:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = previous
+
+    return restore
