@@ -211,3 +211,11 @@ def _ray_examples() -> Path:
     import ray.tune.examples
 
     return Path(ray.tune.examples.__file__).parent
+
+
+@pytest.fixture(scope="session")
+def pbt_experiment(ray_session, tmp_path_factory) -> Path:
+    """A real synchronous PBT run of 4 digits trials with ParquetLogger (see tests/runs.py)."""
+    from tests.runs import run_pbt_experiment
+
+    return run_pbt_experiment(tmp_path_factory.mktemp("pbt"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ import pyarrow.parquet as pq
 from tunekit.checkpoint import load_model
 from tunekit.errors import ConfigError, ExperimentError, StorageError
 from tunekit.experiment_dir import find_trials
-from tunekit.results import parse_result_lines, read_text
+from tunekit.results import format_ranges, missing_iterations, parse_result_lines, read_text
 from tunekit.snapshot import ExperimentSnapshot, best_of, read_experiment
 from tunekit.storage import Storage, resolve_storage
 from tunekit.table import RESULTS_DIR, flatten_result, is_number
@@ -40,6 +41,8 @@ __all__ = [
     "load_results",
     "pbt_lineage",
 ]
+
+logger = logging.getLogger(__name__)
 
 Scope = Literal["last", "max", "min", "mean"]
 _ITER = "training_iteration"
@@ -171,7 +174,23 @@ def load_results(
         df = _from_result_json(experiment)
     if df.empty:
         return df
-    return _order_columns(_dedupe_frame(df))
+    df = _order_columns(_dedupe_frame(df))
+    if _ITER in df.columns:
+        gaps = {
+            str(trial): missing
+            for trial, iterations in df.groupby("trial_id", sort=True)[_ITER]
+            if (missing := missing_iterations(iterations.tolist()))
+        }
+        if gaps:
+            df.attrs["missing_iterations"] = gaps
+            logger.warning(
+                "%s: %d trial(s) lack result rows (%s); Ray's result.json lost them "
+                "(add tunekit.callbacks.ParquetLogger to keep every row)",
+                experiment.uri,
+                len(gaps),
+                "; ".join(f"{t}: iterations {format_ranges(m)}" for t, m in sorted(gaps.items())[:5]),
+            )
+    return df
 
 
 @dataclass(frozen=True)
@@ -285,23 +304,45 @@ def load_best_model(
     return load_model(best_checkpoint(location, metric=metric, mode=mode, scope=scope), model, name=name)
 
 
+def _logged_iterations(experiment: Storage, snap: ExperimentSnapshot) -> dict[str, list[int]]:
+    """Each trial's iterations in the order they were reported, re-runs included.
+
+    From the Parquet dataset when there is one (it has every row), else from
+    each trial's ``result.json`` (which may lack rows Ray lost).
+    """
+    parts = _parquet_parts(experiment)
+    if parts:
+        table = pads.dataset(parts, format="parquet", filesystem=experiment.filesystem).to_table(
+            columns=["trial_id", _ITER]
+        )
+        out: dict[str, list[int]] = {}
+        for trial, iteration in zip(table.column("trial_id").to_pylist(), table.column(_ITER).to_pylist()):
+            if is_number(iteration):
+                out.setdefault(str(trial), []).append(int(iteration))
+        return out
+    out = {}
+    for trial in snap.trials:
+        text = read_text(experiment.filesystem, posixpath.join(experiment.join(trial.name).path, "result.json"))
+        rows, _ = parse_result_lines(text or "")
+        out[trial.trial_id] = [int(r[_ITER]) for r in rows if is_number(r.get(_ITER))]
+    return out
+
+
 def _fix_source_iterations(experiment: Storage, snap: ExperimentSnapshot, records: list[dict[str, Any]]) -> None:
     """Take each exploit's checkpoint iteration from what the target ran next.
 
     Ray logs the donor's last reported iteration at decision time, which with
     ``synch=True`` can lag the checkpoint actually cloned; the target's next
     result (iteration k+1 after a restore from iteration k) is the truth.
+    Where the rows around an exploit are missing, Ray's logged value stays.
     """
-    names = {t.trial_id: t.name for t in snap.trials}
-    raw: dict[str, list[int]] = {}
+    if not records:
+        return
+    logged = _logged_iterations(experiment, snap)
     position: dict[str, int] = {}
     for record in records:
         target = record["target"]
-        if target not in raw:
-            text = read_text(experiment.filesystem, posixpath.join(experiment.join(names.get(target, target)).path, "result.json"))
-            rows, _ = parse_result_lines(text or "")
-            raw[target] = [int(r[_ITER]) for r in rows if is_number(r.get(_ITER))]
-        iterations = raw[target]
+        iterations = logged.get(target, [])
         start = position.get(target, 0)
         for j in range(start, len(iterations) - 1):
             if iterations[j] == record["iteration"]:

@@ -105,6 +105,7 @@ def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None
     import time as _time
 
     from tunekit.snapshot import format_counts
+    from tunekit.results import format_ranges
     from tunekit.table import format_table
 
     started = (
@@ -132,6 +133,13 @@ def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None
         row += [str(len(trial.checkpoints)), _short(trial.error or "", 60)]
         rows.append(row)
     print(format_table(headers, rows))
+    for trial in snapshot.trials:
+        if trial.missing_iterations:
+            print(
+                f"note: {trial.trial_id}'s result.json lacks iterations "
+                f"{format_ranges(trial.missing_iterations)} (Ray lost those rows; "
+                "tunekit.callbacks.ParquetLogger keeps every row)"
+            )
     if metric and mode:
         best = snapshot.best_checkpoint(metric, mode)
         if best is None:

@@ -20,7 +20,7 @@ import pyarrow.fs as pafs
 
 from tunekit.errors import StorageError, first_line
 
-__all__ = ["dedupe_lineage", "parse_result_lines", "read_text"]
+__all__ = ["dedupe_lineage", "format_ranges", "missing_iterations", "parse_result_lines", "read_text"]
 
 
 def read_text(fs: pafs.FileSystem, path: str) -> str | None:
@@ -67,3 +67,32 @@ def dedupe_lineage(rows: list[dict[str, Any]], key: str = "training_iteration") 
                 kept.pop()
         kept.append(row)
     return kept
+
+
+def missing_iterations(iterations: Any) -> list[int]:
+    """Iterations in 1..max that have no row: rows Ray's ``result.json`` lost.
+
+    Ray's JSON logger can restart a resumed trial's ``result.json`` from a copy
+    on storage that lacks rows the driver had not yet synced, and the next
+    sync replaces the complete file with it. ``ParquetLogger`` keeps them.
+
+    >>> missing_iterations([3, 4, 6])
+    [1, 2, 5]
+    """
+    seen = {int(i) for i in iterations if isinstance(i, (int, float)) and i == i}
+    return [i for i in range(1, max(seen, default=0) + 1) if i not in seen]
+
+
+def format_ranges(numbers: list[int]) -> str:
+    """Sorted integers as ranges.
+
+    >>> format_ranges([1, 2, 3, 7])
+    '1-3, 7'
+    """
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and runs[-1][1] == n - 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

@@ -34,7 +34,7 @@ import pyarrow.fs as pafs
 from tunekit.checkpoint import read_metadata
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.experiment_dir import TrialDir, find_trials
-from tunekit.results import dedupe_lineage, parse_result_lines, read_text
+from tunekit.results import dedupe_lineage, missing_iterations, parse_result_lines, read_text
 from tunekit.storage import Storage, resolve_storage
 
 __all__ = [
@@ -125,6 +125,9 @@ class TrialSnapshot:
     checkpoints: list[CheckpointSummary]
     results: list[dict[str, Any]] = field(repr=False, default_factory=list)
     tag: str | None = None
+    #: Iterations up to the last one in ``result.json`` with no row there:
+    #: rows Ray lost (see :func:`tunekit.results.missing_iterations`).
+    missing_iterations: list[int] = field(default_factory=list)
 
     def metric(self, name: str, scope: Literal["last", "max", "min", "avg"] = "last") -> float | None:
         """The trial's value of ``name``: its last, best or mean over iterations."""
@@ -155,6 +158,7 @@ class TrialSnapshot:
             "error": self.error,
             "num_failures": self.num_failures,
             "checkpoints": [c.as_dict() for c in self.checkpoints],
+            "missing_iterations": self.missing_iterations,
         }
 
 
@@ -410,6 +414,7 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None) -> Exper
                 checkpoints=checkpoints,
                 results=rows,
                 tag=_tag(trial, trial_dir.name),
+                missing_iterations=missing_iterations(r.get("training_iteration") for r in rows),
             )
         )
     for key, entry in recorded.items():  # trials that never got a directory

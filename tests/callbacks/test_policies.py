@@ -51,6 +51,7 @@ def test_bad_arguments_are_refused(call, message):
         call()
 
 
+@pytest.mark.floor
 def test_steps_taken_exact_iterations(ray_session, storage):
     assert _fit(storage, "steps", [CheckpointByStepsTaken(3)], stop=10, checkpoint_at_end=False) == [[3, 6, 9]]
 

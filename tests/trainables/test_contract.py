@@ -46,6 +46,7 @@ def _fit(trainable, storage, name, *, stop, config=None, callbacks=(), max_failu
     return grid
 
 
+@pytest.mark.floor
 def test_resume_in_fresh_process_is_bit_exact(ray_session, trainable, storage):
     full_results, full = run_actor(trainable, CONFIG, storage, "full", 6)
     first_results, half = run_actor(trainable, CONFIG, storage, "first", 3)

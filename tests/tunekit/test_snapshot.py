@@ -16,14 +16,20 @@ from tunekit import ExperimentError
 from tunekit.cli import main
 from tunekit.snapshot import read_experiment
 
+
+@pytest.mark.floor
 def test_status_reads_rays_example_experiments(ray_example_runs, capsys):
     pbt = ray_example_runs["pbt_function.py"]
     assert main(["status", str(pbt), "--metric", "mean_accuracy", "--mode", "max"]) == 0
     out = capsys.readouterr().out
     assert "8 trials: 8 TERMINATED" in out and "best trial for mean_accuracy (max):" in out
     snapshot = read_experiment(str(pbt))
-    best = snapshot.best_trial("mean_accuracy", "max")
+    best = snapshot.best_checkpoint("mean_accuracy", "max")
     assert f"best trial for mean_accuracy (max): {best.trial_id}" in out
+    assert f"best checkpoint: {best.uri}" in out
+    # The best checkpoint is the best one of every trial's checkpoints.
+    every = [c.metrics["mean_accuracy"] for t in snapshot.trials for c in t.checkpoints if "mean_accuracy" in c.metrics]
+    assert best.value == max(every)
     assert all(t.iterations == 10 and t.checkpoints and t.trainable_name == "pbt_function" for t in snapshot.trials)
     assert all(isinstance(t.config.get("lr"), float) for t in snapshot.trials)
 

@@ -1,0 +1,217 @@
+"""The contract with Ray's private names (tunekit/_ray.py): each exists and behaves as relied on.
+
+A failure names the Ray name that changed. CI runs this module on the floor
+and on the newest Ray that setup.cfg admits.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import logging
+import pkgutil
+import types
+
+import pytest
+import ray
+from packaging.requirements import Requirement
+from ray import tune
+
+import tunekit
+import tunekit.callbacks
+import tunekit.trainables
+from tunekit import _ray
+
+pytestmark = pytest.mark.floor
+
+
+def _params(fn) -> list[str]:
+    return list(inspect.signature(fn).parameters)
+
+
+def _named(fn) -> list[str]:
+    """Parameter names, without *args/**kwargs."""
+    kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [p.name for p in inspect.signature(fn).parameters.values() if p.kind not in kinds]
+
+
+def test_installed_ray_is_in_the_declared_range():
+    declared = next(
+        Requirement(r) for r in importlib.metadata.requires("tunekit") if Requirement(r).name == "ray"
+    )
+    assert declared.specifier.contains(ray.__version__), f"Ray {ray.__version__} is outside {declared}"
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("ray.train._internal.checkpoint_manager._TrainingResult", ["checkpoint", "metrics"]),
+        ("ray.train._internal.session.get_session", []),
+        ("ray.train._internal.storage.StorageContext", ["storage_path", "experiment_dir_name", "trial_dir_name"]),
+        ("ray.tune.trainable.FunctionTrainable.setup", ["self", "config"]),
+        ("ray.tune.trainable.FunctionTrainable.step", ["self"]),
+        ("ray.tune.trainable.FunctionTrainable.execute", ["self", "fn"]),
+        ("ray.tune.trainable.FunctionTrainable._report_thread_runner_error", ["self", "block"]),
+        ("ray.tune.trainable.FunctionTrainable.cleanup", ["self"]),
+        ("ray.tune.trainable.FunctionTrainable.reset_config", ["self", "new_config"]),
+        ("ray.tune.Trainable._report_class_trainable_checkpoint", ["self", "checkpoint_dir", "checkpoint_dict_or_path"]),
+        ("ray.tune.schedulers.PopulationBasedTraining._checkpoint_or_exploit",
+         ["self", "trial", "tune_controller", "upper_quantile", "lower_quantile"]),
+        ("ray.tune.schedulers.PopulationBasedTraining.__init__", ["self", "time_attr", "metric", "mode",
+                                                                  "perturbation_interval", "burn_in_period",
+                                                                  "hyperparam_mutations", "quantile_fraction",
+                                                                  "resample_probability", "perturbation_factors",
+                                                                  "custom_explore_fn", "log_config",
+                                                                  "require_attrs", "synch"]),
+    ],
+)
+def test_private_callable_exists_with_the_signature_relied_on(name, params):
+    module_name, _, attr = name.rpartition(".")
+    owner = None
+    while module_name:
+        try:
+            owner = importlib.import_module(module_name)
+            break
+        except ImportError:  # a class path: import its module, walk the attributes
+            module_name, _, head = module_name.rpartition(".")
+            attr = f"{head}.{attr}"
+    assert owner is not None, f"{name}: module not found"
+    target = owner
+    for part in attr.split("."):
+        assert hasattr(target, part), f"Ray changed: {name} is gone"
+        target = getattr(target, part)
+    got = _params(target)
+    in_order = [p for p in got if p in params]
+    assert in_order == params, f"Ray changed: {name} takes {got}, tunekit relies on {params}"
+
+
+def test_storage_and_trainable_internals_behave_as_relied_on(ray_session, tmp_path):
+    """A tunekit class trainable in this process saves in place and restores through every private name."""
+    from tunekit.trainables import DigitsTrainable
+
+    storage = _ray.storage_context(str(tmp_path), "exp", "trial", validate=True)
+    for name in ("_update_checkpoint_index", "_check_validation_file", "persist_artifacts", "storage_filesystem",
+                 "checkpoint_fs_path", "sync_config", "trial_fs_path"):
+        assert hasattr(storage, name), f"Ray changed: StorageContext.{name} is gone"
+    trainable = DigitsTrainable(config={"hidden_size": 8, "steps_per_iteration": 2}, storage=storage)
+    try:
+        for name in ("_last_result", "_storage", "_iteration", "_time_total", "_time_since_restore",
+                     "_iterations_since_restore", "_restored"):
+            assert hasattr(trainable, name), f"Ray changed: Trainable.{name} is gone"
+        trainable.train()
+        saved = trainable.save()
+        assert isinstance(saved, _ray.TrainingResult)
+        assert saved.checkpoint.path == storage.checkpoint_fs_path  # written in place, index advanced
+        assert saved.metrics["training_iteration"] == 1
+        trainable.train()
+        trainable.restore(saved)
+        assert trainable.iteration == 1
+    finally:
+        trainable.stop()
+
+
+def test_function_runner_internals_behave_as_relied_on(ray_session, tmp_path):
+    from tunekit import function_trainable
+    from tunekit.trainables import train_digits
+
+    cls = function_trainable(train_digits)
+    storage = _ray.storage_context(str(tmp_path), "exp", "fn", validate=True)
+    trainable = cls(config={"hidden_size": 8, "steps_per_iteration": 2}, storage=storage)
+    try:
+        assert hasattr(trainable, "_last_training_result"), "Ray changed: FunctionTrainable._last_training_result"
+        trainable.train()
+        saved = trainable.save()
+        assert saved.checkpoint is not None and saved.metrics["training_iteration"] == 1
+        trainable.train()
+        trainable.restore(saved)
+        assert trainable.iteration == 1
+        assert trainable.train()["training_iteration"] == 2
+    finally:
+        trainable.stop()
+
+
+def test_pbt_trial_state_records_the_last_scored_time():
+    from ray.tune.experiment import Trial
+
+    from tunekit.pbt import PopulationBasedTrainingNoIdlePause
+
+    pbt = PopulationBasedTrainingNoIdlePause(
+        time_attr="training_iteration", metric="m", mode="max", perturbation_interval=2,
+        hyperparam_mutations={"lr": [0.1, 0.2]},
+    )
+    assert (pbt.synch, pbt.time_attr, pbt.perturbation_interval) == (False, "training_iteration", 2)
+    trial = Trial("__fake", config={"lr": 0.1}, stub=True)
+    pbt.on_trial_add(types.SimpleNamespace(search_alg=None), trial)  # the controller's one attribute read
+    assert pbt.last_scored_time(trial) == 0, "Ray changed: PBT _trial_state[trial].last_train_time"
+
+
+def _tunekit_modules():
+    for package in (tunekit, tunekit.callbacks, tunekit.trainables):
+        for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+            if info.name.endswith(("cli", "ddp")):  # no Ray classes; ddp needs Train workers
+                continue
+            yield importlib.import_module(info.name)
+
+
+def test_every_override_overrides_a_ray_hook():
+    """Each @override in tunekit names a method its Ray base class still has, with the same parameters."""
+    checked = []
+    for module in _tunekit_modules():
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__:
+                continue
+            for name, member in vars(cls).items():
+                if not getattr(member, "__override__", False):
+                    continue
+                base = next((b for b in cls.__mro__[1:] if name in vars(b)), None)
+                where = f"{cls.__module__}.{cls.__qualname__}.{name}"
+                assert base is not None, f"{where} overrides nothing: Ray renamed or removed {name}"
+                if base.__module__.startswith("ray."):
+                    ours, theirs = _named(member), _named(getattr(base, name))
+                    assert set(ours) <= set(theirs), (
+                        f"{where}: Ray's {base.__qualname__}.{name} takes {theirs}, tunekit's {ours}"
+                    )
+                checked.append(where)
+    assert "tunekit._ray.PBTWithDonorChoice._checkpoint_or_exploit" in checked
+    assert "tunekit.torch_trainable.TorchTrainable.save_checkpoint" in checked
+    assert "tunekit.callbacks.steps.CheckpointByStepsTaken.on_trial_result" in checked
+
+
+@pytest.mark.parametrize("logger_name", sorted(_ray.RAY_NOTICES))
+def test_filtered_ray_notices_still_come_from_where_they_are_filtered(logger_name):
+    spec = importlib.util.find_spec(logger_name)
+    assert spec is not None, f"Ray changed: module {logger_name} is gone"
+    source = spec.loader.get_source(logger_name)
+    for prefix in _ray.RAY_NOTICES[logger_name]:
+        assert prefix.split(" ")[0] in source and prefix[:30] in source.replace('"\n', "").replace('    "', ""), (
+            f"Ray changed: {logger_name} no longer logs {prefix!r}"
+        )
+    record = logging.LogRecord(logger_name, logging.WARNING, __file__, 1, _ray.RAY_NOTICES[logger_name][0] + " x", None, None)
+    undo = _ray.quiet_ray_notices()
+    try:
+        assert not logging.getLogger(logger_name).filter(record)
+        other = logging.LogRecord(logger_name, logging.WARNING, __file__, 1, "something else", None, None)
+        assert logging.getLogger(logger_name).filter(other)
+    finally:
+        undo()
+    assert logging.getLogger(logger_name).filter(record)
+
+
+def test_tune_banner_switch_still_exists():
+    from ray.tune.experimental import output
+
+    assert "RAY_AIR_NEW_OUTPUT" in inspect.getsource(output.get_air_verbosity)
+    undo = _ray.quiet_tune_banner()
+    try:
+        assert output.get_air_verbosity(0) is None  # the classic reporter, silent at verbose=0
+    finally:
+        undo()
+
+
+def test_tune_checkpoint_is_recognised_without_importing_it_eagerly(tmp_path):
+    from tunekit.checkpoint import _locate
+
+    where = _locate(tune.Checkpoint.from_directory(str(tmp_path)))
+    assert where.path == str(tmp_path)
