@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import warnings
 from typing import Any, Callable
 
 from ray import tune
@@ -50,6 +52,7 @@ __all__ = [
     "FUNCTION_RUNNER_METHODS",
     "PBTWithDonorChoice",
     "RAY_NOTICES",
+    "RAY_WARNINGS",
     "TrainingResult",
     "adopt_function_runner",
     "function_runner_cleanup",
@@ -235,17 +238,33 @@ RAY_NOTICES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: Python warnings Ray issues that :func:`quiet_ray_notices` drops: (category, message start).
+RAY_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
+    # Ray (2.51-2.5x) announces that it will stop hiding GPUs from workers with
+    # num_gpus=0. tunekit places a trial by ray.get_gpu_ids(), never by what
+    # CUDA shows, so either behaviour gives the same device.
+    (FutureWarning, "Tip: In future versions of Ray, Ray will no longer override accelerator"),
+)
+
+
 def quiet_ray_notices() -> Callable[[], None]:
-    """Drop exactly the Ray log lines in :data:`RAY_NOTICES`; returns the undo."""
+    """Drop exactly the Ray log lines in :data:`RAY_NOTICES` and warnings in :data:`RAY_WARNINGS`.
+
+    Returns the undo.
+    """
     undo = []
     for name, prefixes in RAY_NOTICES.items():
         log, flt = logging.getLogger(name), _DropMessages(prefixes)
         log.addFilter(flt)
         undo.append((log, flt))
+    saved_filters = list(warnings.filters)
+    for category, message in RAY_WARNINGS:
+        warnings.filterwarnings("ignore", message=re.escape(message), category=category)
 
     def restore() -> None:
         for log, flt in undo:
             log.removeFilter(flt)
+        warnings.filters[:] = saved_filters
 
     return restore
 

@@ -42,13 +42,46 @@ def import_trainable(spec: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"trainable {spec!r}: cannot import {module_name} ({exc})") from None
+        moved = _moved_module(module_name)
+        if moved is None:
+            raise ConfigError(f"trainable {spec!r}: cannot import {module_name} ({exc})") from None
+        obj = importlib.import_module(moved)
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise ConfigError(f"trainable {spec!r}: {module_name} has no attribute {attr}") from None
     return obj
+
+
+#: Top-level packages of tunekit before 0.2, now inside tunekit.
+_MOVED_PACKAGES = ("trainables", "callbacks")
+
+
+def _moved_module(module_name: str) -> str | None:
+    """``trainables.class_api`` -> ``tunekit.trainables.class_api`` (experiments of older tunekit)."""
+    if module_name.split(".")[0] in _MOVED_PACKAGES:
+        return f"tunekit.{module_name}"
+    return None
+
+
+def _alias_moved_packages(references: list[tuple[str, str]]) -> None:
+    """Let ``Tuner.restore`` unpickle an older experiment that refers to ``callbacks.…``/``trainables.…``.
+
+    Only names the experiment refers to, and only where no module of that name
+    exists (a user's own ``callbacks`` module is left alone).
+    """
+    import importlib.util
+
+    for module_name in sorted({m for m, _ in references if _moved_module(m)}):
+        top = module_name.split(".")[0]
+        existing = sys.modules.get(top)
+        if existing is not None and not existing.__name__.startswith("tunekit."):
+            continue  # the user's own module of that name: theirs wins
+        if existing is None and importlib.util.find_spec(top) is not None:
+            continue
+        for name in (top, module_name):
+            sys.modules.setdefault(name, importlib.import_module(f"tunekit.{name}"))
 
 
 def _pickle_globals(data: bytes) -> list[tuple[str, str]]:
@@ -110,11 +143,7 @@ def find_trainable(experiment: Storage, snapshot: ExperimentSnapshot, spec: str 
         except ConfigError:
             continue
     names = {t.trainable_name for t in snapshot.trials if t.trainable_name}
-    raw = None
-    path = posixpath.join(experiment.path, "tuner.pkl")
-    if experiment.filesystem.get_file_info(path).type.name == "File":
-        with experiment.filesystem.open_input_stream(path) as stream:
-            raw = stream.read()
+    raw = _tuner_pickle(experiment)
     if raw and names:
         for module, name in _pickle_globals(raw):
             if name.split(".")[-1] in names and not module.startswith(("ray.", "builtins", "__main__")):
@@ -128,6 +157,15 @@ def find_trainable(experiment: Storage, snapshot: ExperimentSnapshot, spec: str 
         f"cannot tell which trainable ran {experiment.uri} (trainable name: {shown}); "
         "pass --trainable module:attr"
     )
+
+
+def _tuner_pickle(experiment: Storage) -> bytes | None:
+    """The bytes of ``tuner.pkl`` (read, never unpickled here), or None."""
+    path = posixpath.join(experiment.path, "tuner.pkl")
+    if experiment.filesystem.get_file_info(path).type.name != "File":
+        return None
+    with experiment.filesystem.open_input_stream(path) as stream:
+        return stream.read()
 
 
 @dataclass
@@ -190,6 +228,7 @@ def resume_experiment(
     if not ray.is_initialized():
         ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
         started = True
+    _alias_moved_packages(_pickle_globals(_tuner_pickle(experiment) or b""))
     try:
         tuner = tune.Tuner.restore(
             experiment.path,

@@ -97,3 +97,17 @@ def test_resume_needs_a_trainable_it_can_find(tmp_path, capsys):
     assert "cannot import no_such_module" in capsys.readouterr().err
     assert main(["resume", str(exp), "--resume-errored", "--restart-errored"]) == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_trainables_recorded_under_the_old_top_level_names_are_found(tmp_path):
+    """Experiments of tunekit before 0.2 recorded `trainables.class_api:DigitsTrainable`."""
+    code = (
+        "from tunekit.resume import import_trainable\n"
+        "from tunekit.trainables import DigitsTrainable, train_digits\n"
+        "assert import_trainable('trainables.class_api:DigitsTrainable') is DigitsTrainable\n"
+        "assert import_trainable('trainables.function_api:train_digits') is train_digits\n"
+        "import_trainable('nothing_like_it:X')\n"
+    )
+    # A fresh interpreter away from the checkout: no top-level `trainables` exists there.
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "ConfigError: trainable 'nothing_like_it:X': cannot import nothing_like_it" in done.stderr
