@@ -29,8 +29,8 @@ def _sweep(storage: str, name: str, *, trials: int, iterations: int, interval: i
            steps: int) -> float:
     from ray import tune
 
-    from tunekit.trainables import DigitsTrainable
     from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
+    from tunekit.trainables import DigitsTrainable
 
     quiet_pbt_keep_warning()
     setup = pbt_setup(DigitsTrainable, metric="accuracy", mode="max", perturbation_interval=interval,

@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from ray import tune  # noqa: E402
 
-from tunekit.trainables.digits import build_digits_state, evaluate, train_steps  # noqa: E402
 from tunekit import TorchTrainable, TrainingState  # noqa: E402
+from tunekit.trainables.digits import build_digits_state, evaluate, train_steps  # noqa: E402
 
 FIGURES = ("overhead", "save", "restore", "integrity", "snapshot")
 GIB = 1 << 30

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from ray import tune
-from typing_extensions import override
 from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT
+from typing_extensions import override
 
-from tunekit.callbacks._checks import positive_number
+from tunekit._checks import positive_number
+from tunekit.errors import ConfigError
 
 __all__ = ["CheckpointOnImprovement"]
 
@@ -25,9 +26,9 @@ class CheckpointOnImprovement(tune.Callback):
 
     def __init__(self, metric: str, mode: Literal["min", "max"] = "max", min_delta: float = 0.0) -> None:
         if not isinstance(metric, str) or not metric:
-            raise ValueError(f"CheckpointOnImprovement(metric={metric!r}): must be a non-empty string")
+            raise ConfigError(f"CheckpointOnImprovement(metric={metric!r}): must be a non-empty string")
         if mode not in ("min", "max"):
-            raise ValueError(f"CheckpointOnImprovement(mode={mode!r}): must be 'min' or 'max'")
+            raise ConfigError(f"CheckpointOnImprovement(mode={mode!r}): must be 'min' or 'max'")
         self.metric = metric
         self.mode = mode
         self.min_delta = positive_number("CheckpointOnImprovement", "min_delta", min_delta, allow_zero=True)

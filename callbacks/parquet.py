@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from ray import tune
-from typing_extensions import override
 from ray.tune.experiment import Trial
+from typing_extensions import override
 
-from tunekit.callbacks._checks import positive_number
+from tunekit._checks import integer_at_least, positive_number
 from tunekit._ray import trial_filesystem
 from tunekit.table import RESULTS_DIR, flatten_result, rows_to_table
 
@@ -53,8 +53,7 @@ class ParquetLogger(tune.Callback):
         flush_seconds: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
-            raise ValueError(f"ParquetLogger(batch_rows={batch_rows!r}): must be an integer >= 1")
+        integer_at_least("ParquetLogger", "batch_rows", batch_rows)
         self.batch_rows = batch_rows
         self.flush_seconds = positive_number("ParquetLogger", "flush_seconds", flush_seconds)
         self._clock = clock

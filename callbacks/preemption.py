@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from ray import tune
-from typing_extensions import override
 from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT
+from typing_extensions import override
 
-from tunekit.callbacks._checks import positive_number
+from tunekit._checks import positive_number
+from tunekit.errors import ConfigError, ConfigTypeError
 
 __all__ = ["CheckpointOnPreemption"]
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointOnPreemption(tune.Callback):
@@ -57,9 +60,9 @@ class CheckpointOnPreemption(tune.Callback):
         valid = {s.value for s in signal.Signals}
         for sig in signals:
             if int(sig) not in valid or int(sig) in (signal.SIGKILL, signal.SIGSTOP):
-                raise ValueError(f"CheckpointOnPreemption(signals={signals!r}): {sig!r} cannot be caught")
+                raise ConfigError(f"CheckpointOnPreemption(signals={signals!r}): {sig!r} cannot be caught")
         if predicate is not None and not callable(predicate):
-            raise TypeError(f"CheckpointOnPreemption(predicate={predicate!r}): must be callable")
+            raise ConfigTypeError(f"CheckpointOnPreemption(predicate={predicate!r}): must be callable")
         self.signals = tuple(int(s) for s in signals)
         self.predicate = predicate
         self.notice_file = Path(notice_file) if notice_file is not None else None
@@ -78,7 +81,7 @@ class CheckpointOnPreemption(tune.Callback):
         """Start the checkpoint-and-stop sequence (idempotent)."""
         if self.triggered_by is None:
             self.triggered_by = reason
-            print(f"tunekit: preemption notice ({reason}): checkpointing running trials, then stopping", file=sys.stderr, flush=True)
+            logger.warning("tunekit: preemption notice (%s): checkpointing running trials, then stopping", reason)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.trigger(signal.Signals(signum).name)

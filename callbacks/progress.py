@@ -7,8 +7,11 @@ import time
 from typing import Any, TextIO
 
 from ray import tune
-from typing_extensions import override
 from ray.tune.experiment import Trial
+from typing_extensions import override
+
+from tunekit._checks import number_at_least
+from tunekit.errors import ConfigError
 
 __all__ = ["ProgressPrinter"]
 
@@ -18,9 +21,8 @@ class ProgressPrinter(tune.Callback):
 
     def __init__(self, metric: str, *, interval_s: float = 5.0, stream: TextIO | None = None) -> None:
         if not isinstance(metric, str) or not metric:
-            raise ValueError(f"ProgressPrinter(metric={metric!r}): must be a non-empty string")
-        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or interval_s < 0:
-            raise ValueError(f"ProgressPrinter(interval_s={interval_s!r}): must be a number >= 0")
+            raise ConfigError(f"ProgressPrinter(metric={metric!r}): must be a non-empty string")
+        number_at_least("ProgressPrinter", "interval_s", interval_s)
         self.metric = metric
         self.interval_s = float(interval_s)
         self.stream = stream

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from ray import tune
-from typing_extensions import override
 from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT, TRAINING_ITERATION
+from typing_extensions import override
+
+from tunekit._checks import integer_at_least
 
 ITERATIONS_SINCE_RESTORE = "iterations_since_restore"  # autofilled by Trainable.train
 
@@ -26,15 +28,7 @@ class CheckpointByStepsTaken(tune.Callback):
     """
 
     def __init__(self, iterations_per_checkpoint: int) -> None:
-        if (
-            isinstance(iterations_per_checkpoint, bool)
-            or not isinstance(iterations_per_checkpoint, int)
-            or iterations_per_checkpoint < 1
-        ):
-            raise ValueError(
-                f"CheckpointByStepsTaken(iterations_per_checkpoint={iterations_per_checkpoint!r}): "
-                "must be an integer >= 1"
-            )
+        integer_at_least("CheckpointByStepsTaken", "iterations_per_checkpoint", iterations_per_checkpoint)
         self.steps_per_checkpoint = iterations_per_checkpoint
         self._last: dict[str, int] = {}
 

@@ -6,11 +6,11 @@ import time
 from typing import Any, Callable
 
 from ray import tune
-from typing_extensions import override
 from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT
+from typing_extensions import override
 
-from tunekit.callbacks._checks import positive_number
+from tunekit._checks import positive_number
 
 ITERATIONS_SINCE_RESTORE = "iterations_since_restore"  # autofilled by Trainable.train
 

@@ -36,10 +36,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from tunekit.trainables.digits import build_digits_state, evaluate
 from tunekit.checkpoint import read_state, write_checkpoint
-from tunekit.errors import CheckpointError
+from tunekit.errors import CheckpointError, ConfigError
 from tunekit.rng import seed_everything
+from tunekit.trainables.digits import build_digits_state, evaluate
 
 __all__ = ["REPLICATED_KEYS", "tune_ddp", "train_loop"]
 
@@ -134,7 +134,7 @@ def tune_ddp(config: dict[str, Any]) -> None:
 
     storage_path = config.get("storage_path")
     if not storage_path:
-        raise ValueError("tune_ddp(config['storage_path']): required, the Train runs' storage (shared or cloud)")
+        raise ConfigError("tune_ddp(config['storage_path']): required, the Train runs' storage (shared or cloud)")
     use_gpu = bool(config.get("use_gpu", False))
     trainer = TorchTrainer(
         train_loop,

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from tunekit import ConfigError, ShuffledBatches, TrainingState
+from tunekit import ShuffledBatches, TrainingState
+from tunekit._checks import integer_at_least, number_at_least
 
 __all__ = ["DEFAULTS", "DigitsData", "build_digits_state", "digits_model", "evaluate", "load_digits_data", "train_steps"]
 
@@ -57,16 +58,10 @@ def digits_model(hidden_size: int) -> nn.Module:
 def _check_config(config: dict[str, Any]) -> dict[str, Any]:
     merged = {**DEFAULTS, **config}
     for key in ("lr", "momentum", "weight_decay"):
-        value = merged[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ConfigError(f"digits config {key}={value!r}: must be a number >= 0")
+        number_at_least("digits config", key, merged[key])
     for key in ("hidden_size", "batch_size"):
-        value = merged[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"digits config {key}={value!r}: must be an integer >= 1")
-    steps = merged["steps_per_iteration"]
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise ConfigError(f"digits config steps_per_iteration={steps!r}: must be None or an integer >= 1")
+        integer_at_least("digits config", key, merged[key])
+    integer_at_least("digits config", "steps_per_iteration", merged["steps_per_iteration"], allow_none=True)
     return merged
 
 

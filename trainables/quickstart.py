@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 import pyarrow.fs as pafs
 
+from tunekit._checks import integer_at_least, number_at_least
 from tunekit.errors import ConfigError, first_line
 from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
 from tunekit.snapshot import best_of, read_experiment
@@ -91,13 +92,10 @@ def run_quickstart(
     from tunekit.trainables.class_api import DigitsTrainable
 
     out = stream or sys.stdout
-    for label, value, low in (("num_samples", num_samples, 1), ("max_iterations", max_iterations, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"quickstart({label}={value!r}): must be an integer >= {low}")
-    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int) or cpus < 1):
-        raise ConfigError(f"quickstart(cpus={cpus!r}): must be an integer >= 1")
-    if isinstance(gpus_per_trial, bool) or not isinstance(gpus_per_trial, (int, float)) or gpus_per_trial < 0:
-        raise ConfigError(f"quickstart(gpus_per_trial={gpus_per_trial!r}): must be a number >= 0")
+    integer_at_least("quickstart", "num_samples", num_samples)
+    integer_at_least("quickstart", "max_iterations", max_iterations)
+    integer_at_least("quickstart", "cpus", cpus, allow_none=True)
+    number_at_least("quickstart", "gpus_per_trial", gpus_per_trial)
 
     storage = resolve_storage(storage_path)
     name = name or time.strftime("quickstart_%Y-%m-%d_%H-%M-%S")

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from tunekit import TorchTrainable, TrainingState
+from tunekit.errors import ConfigError
 
 __all__ = ["ToyPBT", "explore_h", "run_toy_problem", "true_q"]
 
@@ -67,7 +68,7 @@ class ToyPBT(TorchTrainable):
     def build(self, config: dict[str, Any]) -> TrainingState:
         h = config.get("h")
         if not (isinstance(h, (list, tuple)) and len(h) == 2):
-            raise ValueError(f"ToyPBT(config h={h!r}): expected two numbers")
+            raise ConfigError(f"ToyPBT(config h={h!r}): expected two numbers")
         model = _Theta()
         optimizer = torch.optim.SGD(model.parameters(), lr=float(config.get("lr", STEP_SIZE)))
         return TrainingState(models={"theta": model}, optimizers={"sgd": optimizer})

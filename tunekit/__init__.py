@@ -21,7 +21,14 @@ if TYPE_CHECKING:
     )
     from tunekit.data import ShuffledBatches
     from tunekit.device import release_memory, trial_device
-    from tunekit.errors import CheckpointError, ConfigError, ExperimentError, StorageError, TunekitError
+    from tunekit.errors import (
+        CheckpointError,
+        ConfigError,
+        ConfigTypeError,
+        ExperimentError,
+        StorageError,
+        TunekitError,
+    )
     from tunekit.function import FunctionSession, function_trainable
     from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
     from tunekit.rng import capture_rng, restore_rng, seed_everything
@@ -46,6 +53,7 @@ _LAZY = {
     "trial_device": "tunekit.device",
     "CheckpointError": "tunekit.errors",
     "ConfigError": "tunekit.errors",
+    "ConfigTypeError": "tunekit.errors",
     "ExperimentError": "tunekit.errors",
     "StorageError": "tunekit.errors",
     "TunekitError": "tunekit.errors",
@@ -87,6 +95,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointReport",
     "ConfigError",
+    "ConfigTypeError",
     "Counters",
     "DEFAULT_MUTABLE",
     "ExperimentCheck",

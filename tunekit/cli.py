@@ -104,8 +104,8 @@ def _short(value: Any, width: int = 12) -> str:
 def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None:
     import time as _time
 
-    from tunekit.snapshot import format_counts
     from tunekit.results import format_ranges
+    from tunekit.snapshot import format_counts
     from tunekit.table import format_table
 
     started = (

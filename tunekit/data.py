@@ -6,6 +6,7 @@ from typing import Any, Iterator
 
 import torch
 
+from tunekit._checks import integer_at_least
 from tunekit.errors import ConfigError
 
 __all__ = ["ShuffledBatches"]
@@ -62,10 +63,7 @@ class ShuffledBatches:
 
     @batch_size.setter
     def batch_size(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(
-                f"ShuffledBatches(batch_size={value!r}): must be an integer >= 1"
-            )
+        integer_at_least("ShuffledBatches", "batch_size", value)
         self._batch_size = value
 
     def batches_per_epoch(self) -> int:

@@ -7,7 +7,7 @@ what is expected.
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "ConfigError", "ExperimentError", "StorageError", "TunekitError", "first_line"]
+__all__ = ["CheckpointError", "ConfigError", "ConfigTypeError", "ExperimentError", "StorageError", "TunekitError", "first_line"]
 
 
 class TunekitError(Exception):
@@ -16,6 +16,10 @@ class TunekitError(Exception):
 
 class ConfigError(TunekitError, ValueError):
     """A configuration value or argument is invalid."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """An argument has the wrong type (a function where a value is expected, say)."""
 
 
 class CheckpointError(TunekitError, ValueError):

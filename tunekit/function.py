@@ -44,8 +44,7 @@ from ray.tune.result import RESULT_DUPLICATE
 from typing_extensions import override
 
 from tunekit import _ray
-
-from tunekit.errors import ConfigError
+from tunekit.errors import ConfigError, ConfigTypeError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.state import TrainingState
 from tunekit.trial_checkpoint import (
@@ -257,13 +256,13 @@ def function_trainable(
         TypeError: ``train_fn`` is not a function of exactly one argument.
     """
     if not callable(train_fn):
-        raise TypeError(f"function_trainable({train_fn!r}): expected a function")
+        raise ConfigTypeError(f"function_trainable({train_fn!r}): expected a function")
     params = list(inspect.signature(train_fn).parameters.values())
     if len(params) != 1 or params[0].kind not in (
         inspect.Parameter.POSITIONAL_ONLY,
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
     ):
-        raise TypeError(
+        raise ConfigTypeError(
             f"function_trainable({getattr(train_fn, '__name__', train_fn)}): the function "
             "must take exactly one argument, config"
         )

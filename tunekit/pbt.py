@@ -34,8 +34,8 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
 from typing_extensions import override
 
+from tunekit._checks import integer_at_least
 from tunekit._ray import PBTWithDonorChoice
-
 from tunekit.errors import ConfigError
 from tunekit.hparams import DEFAULT_MUTABLE
 
@@ -187,16 +187,14 @@ def pbt_setup(
         raise ConfigError(f"{call}(mode={mode!r}): expected 'max' or 'min'")
     if not isinstance(metric, str) or not metric:
         raise ConfigError(f"{call}(metric={metric!r}): expected a metric name")
-    if isinstance(perturbation_interval, bool) or not isinstance(perturbation_interval, int) or perturbation_interval < 1:
-        raise ConfigError(f"{call}(perturbation_interval={perturbation_interval!r}): must be an integer >= 1")
+    integer_at_least(call, "perturbation_interval", perturbation_interval)
     if not mutations and custom_explore_fn is None:
         raise ConfigError(f"{call}(mutations={mutations!r}): give mutations and/or custom_explore_fn")
     if not 0 < quantile_fraction <= 0.5:
         raise ConfigError(f"{call}(quantile_fraction={quantile_fraction!r}): must be in (0, 0.5]")
     if not 0 <= resample_probability <= 1:
         raise ConfigError(f"{call}(resample_probability={resample_probability!r}): must be in [0, 1]")
-    if num_to_keep is not None and (isinstance(num_to_keep, bool) or not isinstance(num_to_keep, int) or num_to_keep < 1):
-        raise ConfigError(f"{call}(num_to_keep={num_to_keep!r}): must be an integer >= 1 or None")
+    integer_at_least(call, "num_to_keep", num_to_keep, allow_none=True)
     mutable = set(mutable_hyperparameters(trainable)) | set(allow_rebuild)
     unknown = sorted(set(mutations or {}) - mutable)
     if unknown:

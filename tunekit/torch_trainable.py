@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-
 from abc import abstractmethod
 from typing import Any, ClassVar
 
@@ -13,7 +12,7 @@ from typing_extensions import override
 
 from tunekit.checkpoint import wait_for_durability
 from tunekit.device import release_memory, trial_device
-from tunekit.errors import CheckpointError, ConfigError
+from tunekit.errors import CheckpointError, ConfigError, ConfigTypeError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.rng import seed_everything
 from tunekit.state import TrainingState
@@ -110,7 +109,7 @@ class TorchTrainable(tune.Trainable):
     def step(self) -> dict[str, Any]:
         metrics = self.train_iteration()
         if not isinstance(metrics, dict):
-            raise TypeError(
+            raise ConfigTypeError(
                 f"{type(self).__name__}.train_iteration() must return a dict, "
                 f"got {type(metrics).__name__}"
             )

@@ -25,7 +25,6 @@ from ray import tune
 
 from tunekit import _ray
 from tunekit._ray import TrainingResult
-
 from tunekit.checkpoint import (
     CheckpointReport,
     confirm_upload,
@@ -35,9 +34,9 @@ from tunekit.checkpoint import (
     verify_checkpoint,
     write_checkpoint,
 )
+from tunekit.device import trial_device
 from tunekit.errors import CheckpointError
 from tunekit.experiment_dir import CHECKPOINT_DIR
-from tunekit.device import trial_device
 from tunekit.hparams import changed_hyperparameters
 from tunekit.state import TrainingState
 
@@ -51,7 +50,7 @@ __all__ = [
     "save_trial_state",
 ]
 
-logger = logging.getLogger("tunekit")
+logger = logging.getLogger(__name__)
 
 
 def save_trial_state(

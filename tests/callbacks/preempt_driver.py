@@ -7,8 +7,8 @@ import sys
 import ray
 from ray import tune
 
-from tunekit.callbacks import CheckpointOnPreemption
 from tests.callbacks.scripted import ScriptedTrainable
+from tunekit.callbacks import CheckpointOnPreemption
 
 STOP = 60
 NAME = "preempt"

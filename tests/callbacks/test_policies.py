@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from ray import tune
 
-from tunekit.callbacks import CheckpointByStepsTaken, CheckpointByTime, CheckpointOnImprovement, CheckpointOnPreemption
 from tests.callbacks.scripted import ScriptedTrainable, TickClock
 from tests.trainables.contract import KillActorOnce, checkpoint_iterations
+from tunekit.callbacks import CheckpointByStepsTaken, CheckpointByTime, CheckpointOnImprovement, CheckpointOnPreemption
 from tunekit.trainables import DigitsTrainable, TrainDigits
 
 

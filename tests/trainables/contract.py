@@ -16,7 +16,6 @@ from ray import tune
 from tests.faults import flip_byte
 
 
-
 def make_actor(cls: type, config: dict[str, Any], storage: Path, trial: str):
     """A trainable in its own Ray actor (its own worker process), with Tune storage."""
     from tunekit._ray import storage_context

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tunekit.trainables import DigitsTrainable
+from tests.trainables.contract import tensors_equal
 from tunekit import read_state
 from tunekit.state import TrainingState
-from tests.trainables.contract import tensors_equal
+from tunekit.trainables import DigitsTrainable
 
 CONFIG = {"lr": 0.05, "momentum": 0.9, "hidden_size": 16, "batch_size": 32, "seed": 7, "steps_per_iteration": 7}
 

@@ -7,9 +7,6 @@ from pathlib import Path
 import pytest
 from ray import tune
 
-from tunekit.callbacks import CheckpointByStepsTaken
-from tunekit.trainables import DigitsTrainable, TrainDigits
-from tunekit import read_state
 from tests.trainables.contract import (
     DamageAndKill,
     KillActorOnce,
@@ -18,6 +15,9 @@ from tests.trainables.contract import (
     tensors_equal,
     worker_logs_mention,
 )
+from tunekit import read_state
+from tunekit.callbacks import CheckpointByStepsTaken
+from tunekit.trainables import DigitsTrainable, TrainDigits
 
 CONFIG = {"lr": 0.05, "momentum": 0.9, "hidden_size": 16, "batch_size": 32, "seed": 7, "steps_per_iteration": 7}
 

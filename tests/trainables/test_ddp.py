@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from ray import tune
 
-from tunekit.trainables.ddp import rank_dir, tune_ddp
 from tunekit import read_metadata, read_state, verify_checkpoint
+from tunekit.trainables.ddp import rank_dir, tune_ddp
 
 CONFIG = {"lr": 0.05, "momentum": 0.9, "hidden_size": 16, "batch_size": 32, "seed": 7,
           "epochs": 6, "checkpoint_every": 2, "steps_per_iteration": 8, "workers": 2, "cpus_per_worker": 0.9}

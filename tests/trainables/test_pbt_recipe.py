@@ -7,10 +7,11 @@ import ray
 from ray import tune
 
 from tests.trainables.contract import KillActorOnce
-from tunekit.trainables import DigitsTrainable, TrainDigits
-from tunekit.trainables.toy_pbt import TARGET_Q, run_toy_problem
 from tunekit import ConfigError
 from tunekit.pbt import pbt_setup
+from tunekit.trainables import DigitsTrainable, TrainDigits
+from tunekit.trainables.toy_pbt import TARGET_Q, run_toy_problem
+
 
 @pytest.mark.parametrize(
     "kwargs, message",

@@ -14,7 +14,6 @@ from tunekit.analysis import best_checkpoint
 from tunekit.cli import main
 from tunekit.trainables import DigitsTrainable
 
-
 _TUNEKIT_LINE = re.compile(
     r"^(tunekit quickstart: |results go to |\[ *[0-9.]+s\] |best trial: |best checkpoint: |finished in |\*? +trial +lr|[- ]+$|\*? *[0-9a-f]{5}_\d{5}\s|$)"
 )

@@ -11,20 +11,17 @@ import pyarrow.fs as pafs
 import pytest
 import torch
 from ray import tune
-from ray.tune.schedulers import PopulationBasedTraining
 
-from tunekit.callbacks import ParquetLogger
+from tests.runs import PBT_STOP as STOP
 from tests.tunekit.events import read_events
-from tunekit.trainables import DigitsTrainable
-from tunekit.trainables.digits import digits_model, evaluate
 from tunekit import ConfigError, ExperimentError, resolve_storage
 from tunekit.analysis import best_checkpoint, best_trial, load_best_model, load_results, pbt_lineage
+from tunekit.callbacks import ParquetLogger
 from tunekit.cli import main
 from tunekit.report import write_report
 from tunekit.snapshot import read_experiment
 from tunekit.tensorboard import export_tensorboard
-
-from tests.runs import PBT_STOP as STOP
+from tunekit.trainables.digits import digits_model, evaluate
 
 
 def test_parquet_and_result_json_agree(pbt_experiment):

@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tunekit.trainables.digits import build_digits_state, digits_model, train_steps
+from tests.faults import FILES, delete_file, delete_manifest, flip_byte, half_copy, truncate
 from tunekit import (
     CheckpointError,
     load_model,
@@ -24,8 +24,7 @@ from tunekit import (
 )
 from tunekit.checkpoint import MANIFEST_FILE, METADATA_FILE, confirm_upload
 from tunekit.storage import Storage
-from tests.faults import FILES, delete_file, delete_manifest, flip_byte, half_copy, truncate
-
+from tunekit.trainables.digits import build_digits_state, digits_model, train_steps
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from ray import tune
 
-from tunekit.trainables import DigitsTrainable
 from tunekit import ExperimentError
 from tunekit.cli import main
 from tunekit.snapshot import read_experiment
+from tunekit.trainables import DigitsTrainable
 
 
 @pytest.mark.floor

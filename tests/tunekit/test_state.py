@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.trainables.contract import tensors_equal
 from tunekit import (
     CheckpointError,
     ConfigError,
@@ -16,7 +17,6 @@ from tunekit import (
     restore_rng,
     write_checkpoint,
 )
-from tests.trainables.contract import tensors_equal
 
 
 def _draws():

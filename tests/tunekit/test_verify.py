@@ -9,12 +9,12 @@ import pytest
 from ray import tune
 
 from tests.conftest import S3_SECRET
-from tests.tunekit.outage import S3Outage
 from tests.faults import delete_manifest, flip_byte
-from tunekit.trainables import DigitsTrainable
+from tests.tunekit.outage import S3Outage
 from tunekit import read_state, resolve_storage, verify_checkpoint, verify_experiment
 from tunekit.cli import main
 from tunekit.experiment_dir import find_trials
+from tunekit.trainables import DigitsTrainable
 
 CONFIG = {"hidden_size": 16, "batch_size": 32, "steps_per_iteration": 3, "checkpoint_every": 1}
 

@@ -1,0 +1,51 @@
+"""Argument checks shared by tunekit, its callbacks and trainables.
+
+Each raises :class:`tunekit.ConfigError` (a ``ValueError``) whose one-line
+message repeats the call: ``CheckpointByStepsTaken(iterations_per_checkpoint=0):
+must be an integer >= 1``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tunekit.errors import ConfigError
+
+__all__ = ["integer_at_least", "number_at_least", "positive_number"]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def integer_at_least(call: str, name: str, value: Any, low: int = 1, *, allow_none: bool = False) -> Any:
+    """``value`` if it is an integer >= ``low`` (or None when allowed); else ConfigError.
+
+    >>> integer_at_least("f", "n", 0)
+    Traceback (most recent call last):
+    tunekit.errors.ConfigError: f(n=0): must be an integer >= 1
+    """
+    if value is None and allow_none:
+        return value
+    if not _is_int(value) or value < low:
+        raise ConfigError(f"{call}({name}={value!r}): must be an integer >= {low}{' or None' if allow_none else ''}")
+    return value
+
+
+def number_at_least(call: str, name: str, value: Any, low: float = 0.0) -> float:
+    """``value`` as a float if it is a finite number >= ``low``; else ConfigError."""
+    if not _is_number(value) or value < low:
+        raise ConfigError(f"{call}({name}={value!r}): must be a number >= {low:g}")
+    return float(value)
+
+
+def positive_number(call: str, name: str, value: Any, *, allow_zero: bool = False) -> float:
+    """``value`` as a float if it is a finite number > 0 (>= 0 with ``allow_zero``); else ConfigError."""
+    if not _is_number(value) or not (value >= 0 if allow_zero else value > 0):
+        raise ConfigError(f"{call}({name}={value!r}): must be a finite number {'>= 0' if allow_zero else '> 0'}")
+    return float(value)
