@@ -212,10 +212,18 @@ def write_report(
                            len(t.checkpoints), (t.error or "")[:80]])
     sections.append("<h2>Trials</h2>" + _table(
         ["trial", "status", "iterations", f"last {metric}", *shown, "checkpoints", "error"], trial_rows))
-    best_html = (
+    overall = snapshot.best_checkpoint(metric, mode)
+    overall_html = (
+        f"<p>Best checkpoint across all trials (what <code>tunekit status --metric --mode</code> names): "
+        f"trial <b>{html.escape(overall.trial_id)}</b>, {html.escape(metric)} = "
+        f"{'?' if overall.value is None else f'{overall.value:.4g}'}, "
+        f"<code>{html.escape(overall.uri or 'none')}</code></p>"
+        if overall is not None else ""
+    )
+    best_html = overall_html + (
         f"<p>Best trial by {html.escape(metric)} ({mode}, last value): <b>{html.escape(best.trial_id)}</b>, "
         f"{html.escape(metric)} = {best.value:.4g}<br>config: {html.escape(_fmt(best.config))}<br>"
-        f"best checkpoint: <code>{html.escape(best.checkpoint or 'none')}</code></p>"
+        f"its best checkpoint: <code>{html.escape(best.checkpoint or 'none')}</code></p>"
     )
     sections.append("<h2>Best checkpoint</h2>" + best_html)
     figure("learning_curves", _learning_curves(plt, df, metric), f"Learning curves: {metric}")
