@@ -153,7 +153,7 @@ class FunctionSession:
             checkpoint: Write a checkpoint of this iteration and report it.
         """
         self.state.counters.iteration += 1
-        self._metrics = metrics
+        self._metrics = dict(metrics)  # what the trial reported, before Ray adds its fields
         if not checkpoint:
             tune.report(metrics)
             return

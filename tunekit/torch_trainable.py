@@ -114,7 +114,7 @@ class TorchTrainable(tune.Trainable):
                 f"got {type(metrics).__name__}"
             )
         self.state.counters.iteration += 1
-        self._metrics = metrics
+        self._metrics = dict(metrics)  # what the trial reported, before Ray adds its fields
         return metrics
 
     _metrics: dict[str, Any] | None = None
