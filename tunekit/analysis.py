@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -304,51 +305,75 @@ def load_best_model(
     return load_model(best_checkpoint(location, metric=metric, mode=mode, scope=scope), model, name=name)
 
 
-def _logged_iterations(experiment: Storage, snap: ExperimentSnapshot) -> dict[str, list[int]]:
-    """Each trial's iterations in the order they were reported, re-runs included.
+_Logged = list[tuple[int, dict[str, Any]]]
+
+
+def _logged_rows(experiment: Storage, snap: ExperimentSnapshot) -> dict[str, _Logged]:
+    """Each trial's (iteration, config) in the order reported, re-runs included.
 
     From the Parquet dataset when there is one (it has every row), else from
     each trial's ``result.json`` (which may lack rows Ray lost).
     """
+    out: dict[str, _Logged] = {}
     parts = _parquet_parts(experiment)
     if parts:
-        table = pads.dataset(parts, format="parquet", filesystem=experiment.filesystem).to_table(
-            columns=["trial_id", _ITER]
-        )
-        out: dict[str, list[int]] = {}
-        for trial, iteration in zip(table.column("trial_id").to_pylist(), table.column(_ITER).to_pylist()):
-            if is_number(iteration):
-                out.setdefault(str(trial), []).append(int(iteration))
+        dataset = pads.dataset(parts, format="parquet", filesystem=experiment.filesystem)
+        columns = ["trial_id", _ITER] + [c for c in dataset.schema.names if c.startswith("config/")]
+        table = dataset.to_table(columns=columns).to_pylist()
+        for row in table:
+            if is_number(row.get(_ITER)):
+                config = {c[len("config/"):]: v for c, v in row.items() if c.startswith("config/")}
+                out.setdefault(str(row["trial_id"]), []).append((int(row[_ITER]), config))
         return out
-    out = {}
     for trial in snap.trials:
         text = read_text(experiment.filesystem, posixpath.join(experiment.join(trial.name).path, "result.json"))
         rows, _ = parse_result_lines(text or "")
-        out[trial.trial_id] = [int(r[_ITER]) for r in rows if is_number(r.get(_ITER))]
+        out[trial.trial_id] = [
+            (int(r[_ITER]), r.get("config") if isinstance(r.get("config"), dict) else {})
+            for r in rows if is_number(r.get(_ITER))
+        ]
     return out
 
 
-def _fix_source_iterations(experiment: Storage, snap: ExperimentSnapshot, records: list[dict[str, Any]]) -> None:
-    """Take each exploit's checkpoint iteration from what the target ran next.
+def _has(config: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    return bool(wanted) and all(
+        k in config and (config[k] == v or (is_number(config[k]) and is_number(v) and math.isclose(config[k], v)))
+        for k, v in wanted.items()
+    )
 
-    Ray logs the donor's last reported iteration at decision time, which with
-    ``synch=True`` can lag the checkpoint actually cloned; the target's next
-    result (iteration k+1 after a restore from iteration k) is the truth.
-    Where the rows around an exploit are missing, Ray's logged value stays.
+
+def _fix_exploit_iterations(experiment: Storage, snap: ExperimentSnapshot, records: list[dict[str, Any]]) -> None:
+    """Place each exploit where the target's own rows show it happened.
+
+    Ray logs iterations as of its decision, which with ``synch=True`` can lag
+    both the checkpoint actually cloned and the target's own iteration. The
+    target's rows are the truth: the first row after the exploit carries the
+    new config, and continues from the cloned checkpoint (iteration k+1 after
+    a checkpoint of iteration k). Where the config did not visibly change,
+    the row after the logged iteration is used; where the rows around an
+    exploit are missing, Ray's logged values stay.
     """
     if not records:
         return
-    logged = _logged_iterations(experiment, snap)
+    logged = _logged_rows(experiment, snap)
     position: dict[str, int] = {}
     for record in records:
-        target = record["target"]
-        iterations = logged.get(target, [])
-        start = position.get(target, 0)
-        for j in range(start, len(iterations) - 1):
-            if iterations[j] == record["iteration"]:
-                record["source_iteration"] = iterations[j + 1] - 1
-                position[target] = j + 1
-                break
+        rows = logged.get(record["target"], [])
+        start = max(position.get(record["target"], 0), 1)
+        keys = {k for _, cfg in rows for k in cfg}
+        wanted = {k: v for k, v in (record["new_config"] or {}).items()
+                  if k in keys and (is_number(v) or isinstance(v, (str, bool)))}
+        hit = next(
+            (j for j in range(start, len(rows)) if _has(rows[j][1], wanted) and not _has(rows[j - 1][1], wanted)),
+            None,
+        )
+        if hit is None:  # no visible config change: the row after the logged iteration
+            hit = next((j for j in range(start, len(rows)) if rows[j - 1][0] == record["iteration"]), None)
+        if hit is None:
+            continue
+        record["iteration"] = rows[hit - 1][0]
+        record["source_iteration"] = rows[hit][0] - 1
+        position[record["target"]] = hit + 1
 
 
 @dataclass
@@ -416,7 +441,7 @@ def pbt_lineage(
                 "new_config": new_config,
             }
         )
-    _fix_source_iterations(experiment, snap, records)
+    _fix_exploit_iterations(experiment, snap, records)
     exploits = pd.DataFrame.from_records(
         records, columns=["iteration", "target", "source", "source_iteration", "old_config", "new_config"]
     )

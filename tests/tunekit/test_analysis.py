@@ -195,3 +195,20 @@ def test_load_results_of_an_empty_experiment_is_empty(tmp_path):
     (tmp_path / "exp" / "experiment_state-2026.json").write_text('{"trial_data": []}')
     assert load_results(str(tmp_path / "exp")).empty
     assert isinstance(load_results(str(tmp_path / "exp")), pd.DataFrame)
+
+
+def test_lineage_places_exploits_where_the_rows_show_them(tmp_path):
+    """Synchronous Ray PBT once logged an exploit at the target's iteration 3 that happened after 4 (seen in CI)."""
+    exp = tmp_path / "exp"
+    lrs = {"a": [0.002, 0.002, 0.23, 0.23, 0.23], "b": [0.01, 0.01, 0.24, 0.24, 0.24],
+           "c": [0.05] * 4 + [0.18], "d": [0.2] * 4 + [0.288]}
+    for index, (trial, values) in enumerate(lrs.items()):
+        rows = [{"trial_id": trial, "training_iteration": i + 1, "acc": 0.5, "config": {"lr": lr}}
+                for i, lr in enumerate(values)]
+        _write_trial(exp, f"T_{trial}0000_{index:05d}_{index}_lr={values[0]}", rows)
+    logged = [("0", "3", 2, 2, 0.23), ("1", "3", 2, 2, 0.24), ("2", "0", 4, 4, 0.18), ("3", "1", 3, 3, 0.288)]
+    (exp / "pbt_global.txt").write_text("".join(
+        json.dumps([t, s, ti, si, {}, {"lr": lr}]) + "\n" for t, s, ti, si, lr in logged))
+    exploits = pbt_lineage(str(exp)).exploits
+    assert exploits[["target", "source", "iteration", "source_iteration"]].values.tolist() == [
+        ["a", "d", 2, 2], ["b", "d", 2, 2], ["c", "a", 4, 4], ["d", "b", 4, 4]]
