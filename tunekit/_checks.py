@@ -12,14 +12,15 @@ from typing import Any
 
 from tunekit.errors import ConfigError
 
-__all__ = ["integer_at_least", "number_at_least", "positive_number"]
+__all__ = ["integer_at_least", "is_number", "number_at_least", "positive_number"]
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A finite int or float (bools excluded)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -39,13 +40,13 @@ def integer_at_least(call: str, name: str, value: Any, low: int = 1, *, allow_no
 
 def number_at_least(call: str, name: str, value: Any, low: float = 0.0) -> float:
     """``value`` as a float if it is a finite number >= ``low``; else ConfigError."""
-    if not _is_number(value) or value < low:
+    if not is_number(value) or value < low:
         raise ConfigError(f"{call}({name}={value!r}): must be a number >= {low:g}")
     return float(value)
 
 
 def positive_number(call: str, name: str, value: Any, *, allow_zero: bool = False) -> float:
     """``value`` as a float if it is a finite number > 0 (>= 0 with ``allow_zero``); else ConfigError."""
-    if not _is_number(value) or not (value >= 0 if allow_zero else value > 0):
+    if not is_number(value) or not (value >= 0 if allow_zero else value > 0):
         raise ConfigError(f"{call}({name}={value!r}): must be a finite number {'>= 0' if allow_zero else '> 0'}")
     return float(value)

@@ -24,13 +24,13 @@ Example:
 from __future__ import annotations
 
 import json
-import math
 import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pyarrow.fs as pafs
 
+from tunekit._checks import is_number
 from tunekit.checkpoint import read_metadata
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.experiment_dir import TrialDir, find_trials
@@ -76,9 +76,7 @@ class CheckpointSummary:
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
+    return float(value) if is_number(value) else None
 
 
 def best_of(

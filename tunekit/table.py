@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
 from typing import Any, Iterable
 
 import pyarrow as pa
+
+from tunekit._checks import is_number  # noqa: F401 - shared here for the readers
 
 __all__ = ["RESULTS_DIR", "flatten_result", "format_table", "rows_to_table"]
 
@@ -57,11 +58,6 @@ def rows_to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
         for key in row:
             names.setdefault(key, None)
     return pa.table({name: _column([row.get(name) for row in rows]) for name in names})
-
-
-def is_number(value: Any) -> bool:
-    """A finite int or float (bools excluded)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def format_table(headers: list[str], rows: list[list[str]]) -> str:
