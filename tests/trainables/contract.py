@@ -71,19 +71,33 @@ def checkpoint_iterations(trial_dir: Path) -> list[int]:
 
 
 class KillActorOnce(tune.Callback):
-    """Kill a trial's worker (ray.kill of its actor) at its first result from iteration ``at`` on.
+    """Kill a trial's worker (ray.kill of its actor) once it has reported iteration ``at``.
 
-    A trial PBT has just paused has no actor; the kill then waits for the next result.
+    The kill waits for a controller step at which the trial is RUNNING on a live actor, and
+    blocks until Ray sees the actor dead. A worker that dies while Tune is pausing its trial or
+    handing its actor to another trial is counted twice by Ray 2.5x's controller (the actor's
+    error and the task's error), and the second count errors the trial whatever
+    ``max_failures`` says; that is Ray's race (README, "Retries"), not the
+    mid-training death these tests are about.
     """
 
     def __init__(self, at: int) -> None:
-        self.at, self.killed = at, False
+        self.at, self.killed, self.armed = at, False, None
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        if not self.killed and self.armed is None and result["training_iteration"] >= self.at:
+            self.armed = trial
+
+    def on_step_begin(self, iteration, trials, **info):
+        trial = self.armed
+        if self.killed or trial is None or trial.status != "RUNNING":
+            return
         actor = trial.temporary_state.ray_actor
-        if not self.killed and result["training_iteration"] >= self.at and actor is not None:
-            self.killed = True
-            ray.kill(actor)
+        if actor is None:
+            return
+        self.killed = True
+        ray.kill(actor, no_restart=True)
+        ray.wait([actor.__ray_ready__.remote()], timeout=30)  # returns once the death is known
 
 
 class DamageAndKill(tune.Callback):
