@@ -12,7 +12,7 @@ from torch import nn
 from tunekit import ShuffledBatches, TrainingState
 from tunekit._checks import integer_at_least, number_at_least
 
-__all__ = ["DEFAULTS", "DigitsData", "build_digits_state", "digits_model", "evaluate", "load_digits_data", "train_steps"]
+__all__ = ["DEFAULTS", "DigitsData", "build_digits_state", "digits_model", "digits_on_device", "evaluate", "load_digits_data", "train_steps"]
 
 #: Default hyperparameters of the digits trainables.
 DEFAULTS: dict[str, Any] = {
@@ -65,10 +65,22 @@ def _check_config(config: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def build_digits_state(config: dict[str, Any], device: torch.device) -> TrainingState:
-    """Model, SGD optimizer and a resumable batch stream for ``config``."""
-    cfg = _check_config(config)
+def digits_on_device(device: torch.device) -> DigitsData:
+    """The digits split, moved to ``device`` (depends on no hyperparameter: reusable across trials)."""
     data = load_digits_data()
+    if data.x_train.device == device:
+        return data
+    return DigitsData(*(t.to(device) for t in (data.x_train, data.y_train, data.x_val, data.y_val)))
+
+
+def build_digits_state(config: dict[str, Any], device: torch.device, data: DigitsData | None = None) -> TrainingState:
+    """Model, SGD optimizer and a resumable batch stream for ``config``.
+
+    ``data``: the split already on ``device`` (:func:`digits_on_device`), e.g.
+    kept by a reused worker; loaded when None.
+    """
+    cfg = _check_config(config)
+    data = data if data is not None else digits_on_device(device)
     model = digits_model(cfg["hidden_size"]).to(device)
     optimizer = torch.optim.SGD(
         model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight_decay"]
@@ -103,9 +115,9 @@ def train_steps(state: TrainingState, steps: int | None) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, device: torch.device) -> dict[str, float]:
-    """Validation loss and accuracy."""
-    data = load_digits_data()
+def evaluate(model: nn.Module, device: torch.device, data: DigitsData | None = None) -> dict[str, float]:
+    """Validation loss and accuracy (``data``: the split on ``device``, loaded when None)."""
+    data = data if data is not None else load_digits_data()
     model.eval()
     logits = model(data.x_val.to(device))
     y = data.y_val.to(device)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     )
     from tunekit.function import FunctionSession, function_trainable
     from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
+    from tunekit.reuse import reusable
     from tunekit.rng import capture_rng, restore_rng, seed_everything
     from tunekit.state import Counters, TrainingState
     from tunekit.storage import Storage, check_cluster_storage, probe_storage, resolve_storage
@@ -50,6 +51,7 @@ _LAZY = {
     "write_checkpoint": "tunekit.checkpoint",
     "ShuffledBatches": "tunekit.data",
     "release_memory": "tunekit.device",
+    "reusable": "tunekit.reuse",
     "trial_device": "tunekit.device",
     "CheckpointError": "tunekit.errors",
     "ConfigError": "tunekit.errors",
@@ -120,6 +122,7 @@ __all__ = [
     "release_memory",
     "resolve_storage",
     "restore_rng",
+    "reusable",
     "seed_everything",
     "trial_device",
     "verify_checkpoint",

@@ -52,6 +52,7 @@ from tunekit.trial_checkpoint import (
     prepare_restore,
     remove_temps,
     restore_trial_state,
+    save_in_place,
     save_trial_state,
 )
 
@@ -113,9 +114,12 @@ class FunctionSession:
         self._metrics: dict[str, Any] | None = None
         checkpoint = tune.get_checkpoint()
         if checkpoint is not None:
+            # The adapter verified what it handed over (prepare_restore): load it in one pass.
+            verified = getattr(adapter, "_tunekit_verified", None)
             with checkpoint.as_directory() as directory:
                 restore_trial_state(
-                    directory, state, config=self.config, mutable=self.mutable, apply=self._apply
+                    directory, state, config=self.config, mutable=self.mutable, apply=self._apply,
+                    verify=verified is None or verified != checkpoint.path,
                 )
             self.restored_from = checkpoint.path
         if adapter is not None:
@@ -134,8 +138,11 @@ class FunctionSession:
         """Iterations reported so far, restored ones included."""
         return self.state.counters.iteration
 
-    def save(self, directory: str) -> None:
-        """Write a tunekit checkpoint of the current state into ``directory``."""
+    def save(self, directory: str, *, durable: bool = True) -> None:
+        """Write a tunekit checkpoint of the current state into ``directory``.
+
+        ``durable=False``: see :func:`tunekit.checkpoint.write_checkpoint`.
+        """
         save_trial_state(
             directory,
             self.state,
@@ -143,6 +150,7 @@ class FunctionSession:
             mutable=self.mutable,
             trainable=self.name,
             metrics=self._metrics,
+            durable=durable,
         )
 
     def report(self, metrics: dict[str, Any], *, checkpoint: bool = False) -> None:
@@ -178,8 +186,9 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
 
     _train_fn: Callable[[dict[str, Any]], Any]
 
-    _tunekit_saver: Callable[[str], None] | None = None
+    _tunekit_saver: Callable[..., None] | None = None
     _tunekit_saved: tuple[int, Any] | None = None
+    _tunekit_verified: str | None = None  # the checkpoint restore() verified (loaded without a second pass)
 
     def _trainable_func(self, config: dict[str, Any]) -> Any:
         _current.adapter = self
@@ -201,6 +210,10 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         if reported is not None and reported.checkpoint is not None:
             reported.metrics.update(metrics)
             result = reported
+        elif self._tunekit_saver is not None and not checkpoint_dir and (
+            (result := save_in_place(self, lambda d: self._tunekit_saver(d, durable=False))) is not None
+        ):
+            pass  # written once, straight into local storage
         elif self._tunekit_saver is not None:
             directory = checkpoint_dir or tempfile.mkdtemp(prefix="tunekit-ckpt-")
             try:
@@ -223,6 +236,7 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         # local; the session reads it when the training function starts.
         remove_temps(self._tunekit_temps or [])
         checkpoint_path, self._tunekit_temps = prepare_restore(checkpoint_path)
+        self._tunekit_verified = checkpoint_path.checkpoint.path
         _ray.set_restored(self, checkpoint_path.metrics)
         self._tunekit_saved = None
         _ray.give_session_checkpoint(checkpoint_path.checkpoint)
@@ -234,8 +248,11 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
 
     @override
     def reset_config(self, new_config: dict[str, Any]) -> bool:
+        # The training function runs again from the start on the new config;
+        # objects it declared with tunekit.reusable() stay if their keys match.
         self._tunekit_saver = None
         self._tunekit_saved = None
+        self._tunekit_verified = None
         return _ray.function_runner_reset(self, new_config)
 
 
