@@ -1,46 +1,132 @@
-"""Benchmark: a PBT sweep against the same sweep with no scheduler, and reuse_actors on/off.
+"""Benchmark: PBT pause/resume cost of tunekit's trainables against a plain Ray trainable.
 
-Same trainable (tunekit.trainables.DigitsTrainable), trials, iterations and
-checkpoint frequency in every variant; wall time of ``Tuner.fit()``, measured
-in one run, printed as ratios. Two populations: one that fits the machine
-(trials = CPUs, every trial runs all the time) and one twice as large (Ray's
-PBT then time-shares: at each perturbation a trial pauses while others wait).
+One run measures, with the same training (digits MLP, SGD, the same
+iterations, trials and checkpoint frequency):
+
+* trainables: the anchor ``PlainDigits`` (a plain ``tune.Trainable`` with
+  ``torch.save`` checkpoints, ``benchmarks/plain_digits.py``), tunekit's class
+  trainable ``DigitsTrainable`` and its function trainable ``TrainDigits``;
+* schedulers: none, Ray's ``PopulationBasedTraining`` and tunekit's
+  ``pbt_setup`` (both ``reuse_actors=True``, perturbation and checkpoint every
+  ``--interval`` iterations, every checkpoint kept);
+* populations of 1x and 4x the CPUs (4x: trials time-share the slots);
+* iterations of about 60 and about 400 SGD steps.
+
+It prints the wall time of each ``Tuner.fit()``, the ratios the issue asks
+for, and a cycle attribution measured from the trials' own timings: every
+worker logs how long its ``save``, ``reset``, ``restore``, ``stop`` and
+``train`` calls took (the first ``train`` after a reset/restore separately),
+so the time a PBT sweep adds over no scheduler splits into what the
+trainables spent and what remains (Ray's controller: pausing, scheduling,
+starting workers, waiting for a free slot).
+
 Usage::
 
-    python benchmarks/pbt.py                       # 24 iterations, perturbation every 4
-    python benchmarks/pbt.py --iterations 40 --interval 5 --repeat 3
+    python benchmarks/pbt.py                                # everything (about 15 minutes on 2 CPUs)
+    python benchmarks/pbt.py --steps 60 --populations 1     # a subset
+    python benchmarks/pbt.py --trainables plain,class --schedulers none,pbt_setup
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+PHASES_ENV = "TUNEKIT_BENCH_PHASES"
+SCHEDULERS = ("none", "ray_pbt", "pbt_setup")
+TRAINABLES = ("plain", "class", "function")
 
 
-def _sweep(storage: str, name: str, *, trials: int, iterations: int, interval: int, pbt: bool, reuse: bool,
-           steps: int) -> float:
+def _timed(base: type) -> type:
+    """``base`` whose workers log the duration of each Trainable call to $TUNEKIT_BENCH_PHASES."""
+
+    class Timed(base):  # type: ignore[misc, valid-type]
+        _after_restart = False
+
+        def _log(self, phase: str, t0: float) -> None:
+            folder = os.environ.get(PHASES_ENV)
+            if folder:
+                with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a") as fh:
+                    fh.write(json.dumps({"phase": phase, "ms": (time.perf_counter() - t0) * 1e3}) + "\n")
+
+        def train(self):
+            t0 = time.perf_counter()
+            result = super().train()
+            self._log("first step after" if self._after_restart else "step", t0)
+            self._after_restart = False
+            return result
+
+        def save(self, checkpoint_dir=None):
+            t0 = time.perf_counter()
+            result = super().save(checkpoint_dir)
+            self._log("save" if getattr(result, "checkpoint", None) is not None else "save (nothing new)", t0)
+            return result
+
+        def restore(self, checkpoint_path):
+            t0 = time.perf_counter()
+            super().restore(checkpoint_path)
+            self._after_restart = True
+            self._log("restore", t0)
+
+        def reset(self, new_config, storage=None):
+            t0 = time.perf_counter()
+            ok = super().reset(new_config, storage)
+            self._after_restart = True
+            self._log("reset", t0)
+            return ok
+
+        def stop(self):
+            t0 = time.perf_counter()
+            super().stop()
+            self._log("stop", t0)
+
+    Timed.__name__ = Timed.__qualname__ = f"Timed{base.__name__}"
+    return Timed
+
+
+def _trainable(name: str) -> type:
+    from plain_digits import PlainDigits
+
+    from tunekit.trainables import DigitsTrainable, TrainDigits
+
+    return _timed({"plain": PlainDigits, "class": DigitsTrainable, "function": TrainDigits}[name])
+
+
+def _sweep(storage: str, name: str, *, trainable: str, scheduler: str, trials: int, iterations: int,
+           interval: int, steps: int, phases_dir: str) -> tuple[float, dict[str, list[float]]]:
     from ray import tune
+    from ray.tune.schedulers import PopulationBasedTraining
 
     from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
-    from tunekit.trainables import DigitsTrainable
 
     quiet_pbt_keep_warning()
-    setup = pbt_setup(DigitsTrainable, metric="accuracy", mode="max", perturbation_interval=interval,
-                      mutations={"lr": tune.loguniform(1e-3, 0.5), "momentum": [0.0, 0.5, 0.9]})
-    kwargs = setup.tune_config_kwargs() if pbt else {"metric": "accuracy", "mode": "max"}
-    kwargs["reuse_actors"] = reuse
+    cls = _trainable(trainable)
+    mutations = {"lr": tune.loguniform(1e-3, 0.5), "momentum": [0.0, 0.5, 0.9]}
+    setup = pbt_setup(cls, metric="accuracy", mode="max", perturbation_interval=interval, mutations=mutations)
+    kwargs = {"metric": "accuracy", "mode": "max", "reuse_actors": True}
+    if scheduler == "pbt_setup":
+        kwargs = setup.tune_config_kwargs()
+    elif scheduler == "ray_pbt":
+        kwargs["scheduler"] = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=interval,
+                                                      hyperparam_mutations=mutations)
+    for f in os.listdir(phases_dir):
+        os.remove(os.path.join(phases_dir, f))
     tuner = tune.Tuner(
-        DigitsTrainable,
+        cls,
         param_space={"hidden_size": 64, "steps_per_iteration": steps, "seed": tune.grid_search(list(range(trials))),
-                     "lr": tune.loguniform(1e-3, 0.5)},
+                     "lr": tune.loguniform(1e-3, 0.5), "momentum": 0.9},
         tune_config=tune.TuneConfig(**kwargs),
         run_config=tune.RunConfig(name=name, storage_path=storage, stop={"training_iteration": iterations},
                                   checkpoint_config=setup.checkpoint_config, verbose=0),
@@ -48,49 +134,99 @@ def _sweep(storage: str, name: str, *, trials: int, iterations: int, interval: i
     t0 = time.perf_counter()
     grid = tuner.fit()
     wall = time.perf_counter() - t0
-    assert not grid.errors, grid.errors
-    return wall
+    if grid.errors:
+        raise SystemExit(f"{name}: trials failed: {grid.errors}")
+    phases: dict[str, list[float]] = defaultdict(list)
+    for f in os.listdir(phases_dir):
+        for line in Path(phases_dir, f).read_text().splitlines():
+            record = json.loads(line)
+            phases[record["phase"]].append(record["ms"])
+    return wall, phases
+
+
+def _describe(phases: dict[str, list[float]]) -> str:
+    parts = []
+    for phase in ("save", "save (nothing new)", "reset", "restore", "stop", "first step after", "step"):
+        if phases.get(phase):
+            parts.append(f"{phase} {len(phases[phase])}x {statistics.median(phases[phase]):.1f} ms")
+    return ", ".join(parts)
+
+
+def _trainable_extra_s(pbt: dict[str, list[float]], none: dict[str, list[float]]) -> float:
+    """Seconds of worker time the PBT sweep spent beyond the no-scheduler sweep's."""
+    def total(p: dict[str, list[float]]) -> float:
+        return sum(sum(v) for v in p.values()) / 1e3
+    return total(pbt) - total(none)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=24)
-    parser.add_argument("--interval", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=100, help="SGD steps per iteration")
-    parser.add_argument("--repeat", type=int, default=2, help="keep the best of N runs per variant")
+    parser.add_argument("--iterations", type=int, default=16)
+    parser.add_argument("--interval", type=int, default=2, help="perturbation and checkpoint interval")
+    parser.add_argument("--steps", default="60,400", help="SGD steps per iteration (comma-separated)")
+    parser.add_argument("--populations", default="1,4", help="trials per CPU (comma-separated)")
+    parser.add_argument("--trainables", default=",".join(TRAINABLES))
+    parser.add_argument("--schedulers", default=",".join(SCHEDULERS))
     args = parser.parse_args(argv)
+    trainables = [t for t in args.trainables.split(",") if t]
+    schedulers = [s for s in args.schedulers.split(",") if s]
+    bad = sorted(set(trainables) - set(TRAINABLES)) + sorted(set(schedulers) - set(SCHEDULERS))
+    if bad:
+        parser.error(f"unknown trainable/scheduler {bad}; expected {TRAINABLES} and {SCHEDULERS}")
 
     import ray
+    import ray.cloudpickle
 
+    import plain_digits
+
+    ray.cloudpickle.register_pickle_by_value(plain_digits)  # workers need not import benchmarks/
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     cpus = os.cpu_count() or 1
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     root = tempfile.mkdtemp(prefix="tunekit-pbt-bench-")
-    lines = []
+    phases_dir = os.path.join(root, "phases")
+    os.makedirs(phases_dir)
+    os.environ[PHASES_ENV] = phases_dir  # inherited by the workers of the local Ray started below
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    walls: dict[tuple, float] = {}
+    logs: dict[tuple, dict] = {}
     try:
-        def best(label: str, **opts) -> float:
-            wall = min(
-                _sweep(root, f"{label}_{i}".replace(" ", "_").replace(",", ""), iterations=args.iterations,
-                       interval=args.interval, steps=args.steps, **opts)
-                for i in range(args.repeat)
-            )
-            print(f"{label:45s} {wall:7.2f}s", flush=True)
-            return wall
-
-        _sweep(root, "warmup", trials=cpus, iterations=2, interval=1, pbt=True, reuse=True, steps=1)
-        for trials in (cpus, 2 * cpus):
-            plain = best(f"{trials} trials, no scheduler", trials=trials, pbt=False, reuse=True)
-            pbt = best(f"{trials} trials, PBT, reuse_actors", trials=trials, pbt=True, reuse=True)
-            lines.append(f"{trials} trials on {cpus} CPUs: PBT / no scheduler = {pbt / plain:.2f}x"
-                         + ("  (target <= 1.10x)" if trials == cpus else "  (time-shared population)"))
-            if trials == cpus:
-                no_reuse = best(f"{trials} trials, PBT, no reuse_actors", trials=trials, pbt=True, reuse=False)
-                lines.append(f"{trials} trials on {cpus} CPUs: PBT without / with reuse_actors = {no_reuse / pbt:.2f}x")
+        _sweep(root, "warmup", trainable="class", scheduler="pbt_setup", trials=cpus, iterations=2, interval=1,
+               steps=1, phases_dir=phases_dir)
+        for steps in [int(s) for s in args.steps.split(",")]:
+            for per_cpu in [int(p) for p in args.populations.split(",")]:
+                trials = per_cpu * cpus
+                for trainable in trainables:
+                    for scheduler in schedulers:
+                        key = (steps, trials, trainable, scheduler)
+                        walls[key], logs[key] = _sweep(
+                            root, "_".join(map(str, key)), trainable=trainable, scheduler=scheduler, trials=trials,
+                            iterations=args.iterations, interval=args.interval, steps=steps, phases_dir=phases_dir)
+                        print(f"{steps:4d} steps {trials:2d} trials {trainable:9s} {scheduler:10s} "
+                              f"{walls[key]:7.2f} s   {_describe(logs[key])}", flush=True)
         print()
         print(f"machine: {platform.machine()}, {cpus} CPUs, Python {platform.python_version()}, ray {ray.__version__}")
-        print(f"{args.iterations} iterations of {args.steps} steps, perturbation and checkpoint every {args.interval}, "
-              f"best of {args.repeat}")
-        for line in lines:
-            print(line)
+        print(f"{args.iterations} iterations, perturbation and checkpoint every {args.interval}, reuse_actors=True")
+        print()
+        print("| steps | trials | trainable | scheduler | wall s | / its no-scheduler | / plain, same scheduler "
+              "| worker s beyond no-scheduler | rest (Ray controller) s per CPU |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for (steps, trials, trainable, scheduler), wall in walls.items():
+            none = walls.get((steps, trials, trainable, "none"))
+            plain = walls.get((steps, trials, "plain", scheduler))
+            ratio_none = f"{wall / none:.2f}x" if none and scheduler != "none" else ""
+            ratio_plain = f"{wall / plain:.2f}x" if plain and trainable != "plain" else ""
+            extra = rest = ""
+            if none and scheduler != "none":
+                worker = _trainable_extra_s(logs[(steps, trials, trainable, scheduler)],
+                                            logs[(steps, trials, trainable, "none")])
+                extra = f"{worker:.2f}"
+                rest = f"{(wall - none) - worker / cpus:.2f}"
+            print(f"| {steps} | {trials} | {trainable} | {scheduler} | {wall:.2f} | {ratio_none} | {ratio_plain} "
+                  f"| {extra} | {rest} |")
+        print()
+        print("Phase medians per sweep (ms):")
+        for key, phases in logs.items():
+            print(f"  {key}: {_describe(phases)}")
     finally:
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
@@ -98,5 +234,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     sys.exit(main())

@@ -27,8 +27,12 @@ Private names, by owner:
   ``_update_checkpoint_index``, ``_check_validation_file``,
   ``_create_validation_file``, ``checkpoint_fs_path``, ``persist_artifacts``,
   ``sync_config``, ``storage_filesystem``.
-* ``PopulationBasedTraining``: the hook ``_checkpoint_or_exploit`` and
-  ``_trial_state[trial].last_train_time``.
+* ``PopulationBasedTraining``: the hooks ``_checkpoint_or_exploit`` and
+  ``_exploit`` and ``_trial_state[trial].last_train_time``.
+* ``TuneController`` (behind the scheduler's ``TrialRunnerWrapper._tune_controller``):
+  ``_schedule_trial_task``, ``_schedule_trial_restore``, ``_trial_task_failure``,
+  plus ``_TrialInfo`` and the ``TRIAL_INFO``/``STDOUT_FILE``/``STDERR_FILE``
+  config keys its ``reset`` takes (:func:`restart_in_place`).
 * Loggers whose exact messages the quickstart filters (see
   :func:`quiet_ray_notices`).
 """
@@ -55,6 +59,7 @@ __all__ = [
     "RAY_WARNINGS",
     "TrainingResult",
     "adopt_function_runner",
+    "clear_last_reported",
     "function_runner_cleanup",
     "function_runner_reset",
     "give_session_checkpoint",
@@ -65,9 +70,11 @@ __all__ = [
     "quiet_ray_notices",
     "quiet_tune_banner",
     "report_checkpoint_dir",
+    "restart_in_place",
     "session_report",
     "set_restored",
     "storage_context",
+    "supports_reset",
     "trainable_storage",
     "trial_filesystem",
 ]
@@ -136,6 +143,11 @@ def last_reported(trainable: tune.Trainable) -> TrainingResult | None:
     return trainable._last_training_result
 
 
+def clear_last_reported(trainable: tune.Trainable) -> None:
+    """Forget the function runner's last report (a reset worker starts a new run)."""
+    trainable._last_training_result = None
+
+
 def set_restored(trainable: tune.Trainable, metrics: dict[str, Any]) -> None:
     """Set the trainable's counters as ``Trainable.restore`` does for ``metrics``."""
     trainable._iteration = metrics.get("training_iteration", 0)
@@ -186,16 +198,78 @@ def trial_filesystem(trial: Any) -> Any:
 
 
 # -- PBT -------------------------------------------------------------------------
-class PBTWithDonorChoice(PopulationBasedTraining):
-    """Ray's PBT with a public hook where it picks whom a trial may clone.
+class _NoPause:
+    """The controller as Ray's ``_exploit`` sees it, with ``pause_trial`` doing nothing."""
 
-    Ray decides "exploit or checkpoint" in the private ``_checkpoint_or_exploit``;
-    subclasses override :meth:`choose_quantiles` instead.
+    def __init__(self, controller: Any) -> None:
+        self._controller = controller
+
+    def pause_trial(self, trial: Any, should_checkpoint: bool = True) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._controller, name)
+
+
+def supports_reset(trial: Any) -> bool:
+    """Whether the trial's trainable can be reset in place (overrides ``reset_config``)."""
+    try:
+        cls = trial.get_trainable_cls()
+    except Exception:  # noqa: BLE001 - unknown or unregistered trainable: Ray's path
+        return False
+    return isinstance(cls, type) and getattr(cls, "reset_config", None) is not tune.Trainable.reset_config
+
+
+def restart_in_place(tune_controller: Any, trial: Any) -> None:
+    """Restart a RUNNING trial in its own worker from ``trial.latest_checkpoint_result``.
+
+    What Tune does to resume a paused trial in a reused worker - ``reset`` with
+    the trial's (new) config, then ``restore``, then ``train`` once restored -
+    without stopping the worker and starting it again. The worker runs the
+    tasks in the order they are submitted; failures are trial failures.
     """
+    import copy
+
+    from ray.tune.error import TuneError
+    from ray.tune.experiment.trial import _TrialInfo
+    from ray.tune.result import STDERR_FILE, STDOUT_FILE, TRIAL_INFO
+
+    controller = getattr(tune_controller, "_tune_controller", tune_controller)
+    extra = copy.deepcopy(trial.config)
+    extra[TRIAL_INFO] = _TrialInfo(trial)
+    extra[STDOUT_FILE], extra[STDERR_FILE] = trial.log_to_file
+
+    def on_reset(trial: Any, success: bool) -> None:
+        if not success:
+            controller._trial_task_failure(trial, TuneError(f"trial {trial}: reset_config() returned False"))
+
+    controller._schedule_trial_task(
+        trial=trial, method_name="reset", args=(extra,), kwargs={"storage": trial.storage},
+        on_result=on_reset, on_error=controller._trial_task_failure,
+    )
+    controller._schedule_trial_restore(trial)
+
+
+class PBTWithDonorChoice(PopulationBasedTraining):
+    """Ray's PBT with public hooks for whom a trial may clone and how it is cloned.
+
+    Ray decides "exploit or checkpoint" in the private ``_checkpoint_or_exploit``
+    and clones in the private ``_exploit``; subclasses override
+    :meth:`choose_quantiles` and :meth:`exploit_in_place` instead.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Trials exploited in place at the current result (the subclass answers NOOP for them).
+        self.exploited_in_place: set = set()
 
     def choose_quantiles(self, trial: Any, upper: list, lower: list) -> tuple[list, list]:
         """The (upper, lower) quantiles Ray's exploit decision sees for ``trial``."""
         return upper, lower
+
+    def exploit_in_place(self, trial: Any) -> bool:
+        """Whether to clone the donor into ``trial`` in its running worker (default: Ray's pause)."""
+        return False
 
     def last_scored_time(self, trial: Any) -> float:
         """The ``time_attr`` of the trial's last score PBT recorded."""
@@ -206,6 +280,18 @@ class PBTWithDonorChoice(PopulationBasedTraining):
                                lower_quantile: list) -> None:
         upper, lower = self.choose_quantiles(trial, upper_quantile, lower_quantile)
         super()._checkpoint_or_exploit(trial, tune_controller, upper, lower)
+
+    @override
+    def _exploit(self, tune_controller: Any, trial: Any, trial_to_clone: Any) -> None:
+        from ray.tune.experiment import Trial
+
+        if trial.status != Trial.RUNNING or not supports_reset(trial) or not self.exploit_in_place(trial):
+            return super()._exploit(tune_controller, trial, trial_to_clone)
+        # Ray's exploit (new config, tag, the donor's checkpoint as the trial's
+        # latest), but the trial keeps its worker: reset + restore run there.
+        super()._exploit(_NoPause(tune_controller), trial, trial_to_clone)
+        restart_in_place(tune_controller, trial)
+        self.exploited_in_place.add(trial)
 
 
 # -- output ----------------------------------------------------------------------

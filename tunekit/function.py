@@ -253,6 +253,7 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         self._tunekit_saver = None
         self._tunekit_saved = None
         self._tunekit_verified = None
+        _ray.clear_last_reported(self)
         return _ray.function_runner_reset(self, new_config)
 
 

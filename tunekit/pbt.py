@@ -76,6 +76,13 @@ class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
     of slack, because resuming a paused trial can take Ray seconds);
     otherwise the trial continues.
 
+    A trial that goes on running and is told to clone a donor does so in its own
+    worker: Ray's exploit pauses it (stopping or caching its worker) and resumes
+    it later (reset, restore); here the reset and restore are sent to the
+    running worker, which saves Ray's pause/resume round trips and the wait
+    for a free slot. Trials that pause anyway (a time-shared population) and
+    trainables that cannot be reset (no ``reset_config``) take Ray's path.
+
     It also never exploits a donor that is behind: asynchronous Ray PBT lets a
     trial in the lower quantile clone an upper-quantile trial whose last score
     (and checkpoint) is from an earlier iteration, for instance one paused a
@@ -104,15 +111,36 @@ class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
         return upper, lower
 
     @override
+    def exploit_in_place(self, trial: Trial) -> bool:
+        return trial is self._keeps_running
+
+    _keeps_running: Trial | None = None
+
+    def _continues(self, tune_controller: Any, trial: Trial, result: dict) -> bool:
+        """Whether the trial goes on training after this result (Ray's pause rule, relaxed as described)."""
+        live = [t for t in tune_controller.get_trials() if not t.is_finished()]
+        others = [t for t in live if t is not trial]
+        if not any(t.status in (Trial.PENDING, Trial.PAUSED) for t in others):
+            return True  # Ray's PBT pauses only while another trial waits
+        now = result.get(self.time_attr, 0)
+        slowest = min((_progress(t, self.time_attr) for t in others), default=now)
+        return len(live) <= _concurrent_slots(trial) and now - slowest < 2 * self.perturbation_interval
+
+    @override
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
-        decision = super().on_trial_result(tune_controller, trial, result)
-        if decision == TrialScheduler.PAUSE and not self.synch and trial.status == Trial.RUNNING:
-            live = [t for t in tune_controller.get_trials() if not t.is_finished()]
-            others = [t for t in live if t is not trial]
-            now = result.get(self.time_attr, 0)
-            slowest = min((_progress(t, self.time_attr) for t in others), default=now)
-            if len(live) <= _concurrent_slots(trial) and now - slowest < 2 * self.perturbation_interval:
-                return TrialScheduler.CONTINUE
+        continues = not self.synch and trial.status == Trial.RUNNING and self._continues(tune_controller, trial, result)
+        self._keeps_running = trial if continues else None
+        try:
+            decision = super().on_trial_result(tune_controller, trial, result)
+        finally:
+            self._keeps_running = None
+        if trial in self.exploited_in_place:
+            # Cloned in its own worker: reset and restore are under way; Tune
+            # schedules the next step once the restore is done.
+            self.exploited_in_place.discard(trial)
+            return TrialScheduler.NOOP
+        if decision == TrialScheduler.PAUSE and continues:
+            return TrialScheduler.CONTINUE
         return decision
 
 

@@ -10,6 +10,7 @@ import torch
 from ray import tune
 from typing_extensions import override
 
+from tunekit import _ray
 from tunekit.device import allocated_bytes, release_memory, trial_device
 from tunekit.errors import CheckpointError, ConfigError, ConfigTypeError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
@@ -141,15 +142,21 @@ class TorchTrainable(tune.Trainable):
                 f"got {type(metrics).__name__}"
             )
         self.state.counters.iteration += 1
+        self._as_restored = False
         self._metrics = dict(metrics)  # what the trial reported, before Ray adds its fields
         return metrics
 
     _metrics: dict[str, Any] | None = None
+    _as_restored = False  # restored, and not trained since
 
     @override
     def save(self, checkpoint_dir: str | None = None) -> Any:
         if self._saved is not None and self._saved[0] == self.iteration and not checkpoint_dir:
             return self._saved[1]
+        if self._as_restored and not checkpoint_dir:
+            # Nothing trained since the restore: the checkpoint restored from
+            # already holds this state (Tune keeps it as the trial's latest).
+            return _ray.TrainingResult(checkpoint=None, metrics=_ray.last_result(self))
         result = None
         if not checkpoint_dir:  # into local storage: write once, in place
             self._durable = False
@@ -214,6 +221,7 @@ class TorchTrainable(tune.Trainable):
             verify=os.path.abspath(checkpoint) != os.path.abspath(self._verified or ""),
         )
         self._saved = None
+        self._as_restored = True
 
     @property
     def _reusable_slot(self) -> ReusableSlot:
@@ -228,8 +236,9 @@ class TorchTrainable(tune.Trainable):
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         # Nothing of the previous trial survives but the declared reusable
         # objects (kept only if their keys are unchanged): rebuild the state.
-        del self.state
+        self.__dict__.pop("state", None)
         self._metrics = None
+        self._as_restored = False
         if self._reusable_slot.key != reusable_key(new_config, type(self).reusable_keys, owner="reset_config"):
             self._reusable_slot.clear()
             self.reusable = None

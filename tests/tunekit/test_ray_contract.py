@@ -64,6 +64,13 @@ def test_installed_ray_is_in_the_declared_range():
         ("ray.tune.Trainable._report_class_trainable_checkpoint", ["self", "checkpoint_dir", "checkpoint_dict_or_path"]),
         ("ray.tune.schedulers.PopulationBasedTraining._checkpoint_or_exploit",
          ["self", "trial", "tune_controller", "upper_quantile", "lower_quantile"]),
+        ("ray.tune.schedulers.PopulationBasedTraining._exploit", ["self", "tune_controller", "trial", "trial_to_clone"]),
+        ("ray.tune.execution.tune_controller.TuneController._schedule_trial_task",
+         ["self", "trial", "method_name", "args", "kwargs", "on_result", "on_error"]),
+        ("ray.tune.execution.tune_controller.TuneController._schedule_trial_restore", ["self", "trial"]),
+        ("ray.tune.execution.tune_controller.TuneController._trial_task_failure", ["self", "trial", "exception"]),
+        ("ray.tune.experiment.trial._TrialInfo", ["trial"]),
+        ("ray.tune.Trainable.reset", ["self", "new_config", "storage"]),
         ("ray.tune.schedulers.PopulationBasedTraining.__init__", ["self", "time_attr", "metric", "mode",
                                                                   "perturbation_interval", "burn_in_period",
                                                                   "hyperparam_mutations", "quantile_fraction",
@@ -135,6 +142,22 @@ def test_function_runner_internals_behave_as_relied_on(ray_session, tmp_path):
         assert trainable.train()["training_iteration"] == 2
     finally:
         trainable.stop()
+
+
+def test_scheduler_wrapper_and_reset_keys_are_as_relied_on():
+    """restart_in_place reaches the controller behind the scheduler's wrapper and passes reset's magic keys."""
+    from ray.tune import result
+    from ray.tune.execution.tune_controller import TrialRunnerWrapper
+    from ray.tune.experiment import Trial
+
+    assert "self._tune_controller = tune_controller" in inspect.getsource(TrialRunnerWrapper.__init__), (
+        "Ray changed: TrialRunnerWrapper._tune_controller"
+    )
+    for key in ("TRIAL_INFO", "STDOUT_FILE", "STDERR_FILE"):
+        assert isinstance(getattr(result, key, None), str), f"Ray changed: ray.tune.result.{key}"
+    for attr in ("latest_checkpoint_result", "get_trainable_cls"):
+        assert hasattr(Trial, attr), f"Ray changed: Trial.{attr}"
+    assert "self.log_to_file" in inspect.getsource(Trial.__init__), "Ray changed: Trial.log_to_file"
 
 
 def test_pbt_trial_state_records_the_last_scored_time():

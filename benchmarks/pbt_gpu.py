@@ -1,0 +1,172 @@
+"""Benchmark: one PBT pause/resume cycle of a large-model trial on a GPU, against its bytes and the disk.
+
+Runs a tunekit ``TorchTrainable`` holding an MLP of ``--params`` parameters
+(default 100M) plus its Adam state in one Ray worker with a GPU (or in this
+process with ``--device cpu``), and times what Tune does to it when PBT pauses
+it and later resumes it in a reused worker that ran another trial meanwhile:
+
+* ``save`` (the pause checkpoint), ``reset`` (the worker is given to another
+  trial: the state is dropped and rebuilt), ``restore`` and the first step after;
+* device memory free before the pause, after the reset released the trial's
+  memory, and after the resume (``torch.cuda.mem_get_info``);
+* against the floor for those bytes: the checkpoint's size divided by the
+  disk's write and read bandwidth, measured with ``dd``-like writes in the same run,
+  and ``torch.save``/``torch.load`` of the same state.
+
+Usage::
+
+    python benchmarks/pbt_gpu.py                     # on a machine with a CUDA GPU
+    python benchmarks/pbt_gpu.py --device cpu --params 20000000   # the same path on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from tunekit import TorchTrainable, TrainingState
+from tunekit.device import release_memory
+
+WIDTH = 4096
+
+
+class BigMLP(TorchTrainable):
+    """An MLP of about ``config["params"]`` parameters, trained with Adam on random data."""
+
+    def build(self, config: dict[str, Any]) -> TrainingState:
+        layers = max(1, int(config["params"]) // (WIDTH * WIDTH))
+        model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(layers)]).to(self.device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.get("lr", 1e-4))
+        return TrainingState(models={"model": model}, optimizers={"optimizer": optimizer})
+
+    def train_iteration(self) -> dict[str, Any]:
+        x = torch.randn(64, WIDTH, device=self.device)
+        loss = self.state.model(x).square().mean()
+        self.state.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.state.optimizer.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return {"loss": float(loss)}
+
+
+def _free_gib(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return free / 2**30
+
+
+def _disk_bandwidth(folder: str, nbytes: int) -> tuple[float, float]:
+    """Write (with fsync) and read bandwidth in GB/s for a file of ``nbytes``."""
+    path = os.path.join(folder, "bandwidth.bin")
+    block = os.urandom(64 << 20)
+    t0 = time.perf_counter()
+    with open(path, "wb") as fh:
+        written = 0
+        while written < nbytes:
+            fh.write(block)
+            written += len(block)
+        fh.flush()
+        os.fsync(fh.fileno())
+    write = written / (time.perf_counter() - t0) / 1e9
+    t0 = time.perf_counter()
+    with open(path, "rb") as fh:
+        while fh.read(64 << 20):
+            pass
+    read = written / (time.perf_counter() - t0) / 1e9
+    os.remove(path)
+    return write, read
+
+
+def cycle(params: int, folder: str) -> dict[str, Any]:
+    """One pause/resume cycle inside the current process (a Ray worker or this one)."""
+    from tunekit._ray import storage_context
+
+    out: dict[str, Any] = {}
+    config = {"params": params, "seed": 0, "lr": 1e-4}
+    trainable = BigMLP(config=config, storage=storage_context(folder, "exp", "trial"))
+    device = trainable.device
+    out["device"] = str(device)
+    out["param_count"] = sum(p.numel() for p in trainable.state.model.parameters())
+    trainable.train()  # Adam state exists from here on
+    out["free_before_pause_gib"] = _free_gib(device)
+    t0 = time.perf_counter()
+    saved = trainable.save()
+    out["save_s"] = time.perf_counter() - t0
+    state_file = os.path.join(saved.checkpoint.path, "state.pt")
+    out["checkpoint_bytes"] = os.path.getsize(state_file)
+    t0 = time.perf_counter()
+    trainable.reset({**config, "seed": 1})  # another trial takes the worker: drop and rebuild
+    out["reset_s"] = time.perf_counter() - t0
+    trainable.cleanup()  # the worker lets the trial go (what a stop does)
+    out["free_after_release_gib"] = _free_gib(device)
+    out["release_needed_gc"] = release_memory()  # True: cleanup's release left tensors behind
+    trainable.reset(config)
+    t0 = time.perf_counter()
+    trainable.restore(saved)
+    out["restore_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    trainable.train()
+    out["first_step_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    trainable.train()
+    out["step_s"] = time.perf_counter() - t0
+    out["free_after_resume_gib"] = _free_gib(device)
+    sd = trainable.state.state_dict()
+    t0 = time.perf_counter()
+    torch.save(sd, os.path.join(folder, "raw.pt"))
+    out["torch_save_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    torch.load(os.path.join(folder, "raw.pt"), weights_only=True, map_location=device)
+    out["torch_load_s"] = time.perf_counter() - t0
+    trainable.stop()
+    out["disk_write_gbs"], out["disk_read_gbs"] = _disk_bandwidth(folder, out["checkpoint_bytes"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=int, default=100_000_000)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    args = parser.parse_args(argv)
+    folder = tempfile.mkdtemp(prefix="tunekit-pbt-gpu-")
+    try:
+        if args.device == "cuda":
+            if not torch.cuda.is_available():
+                raise SystemExit("pbt_gpu.py: no CUDA GPU here; pass --device cpu to run the same path on the CPU")
+            import ray
+
+            ray.init(num_gpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            result = ray.get(ray.remote(num_gpus=1)(cycle).remote(args.params, folder))
+            ray.shutdown()
+        else:
+            result = cycle(args.params, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    gb = result["checkpoint_bytes"] / 1e9
+    print(f"device {result['device']}, {result['param_count'] / 1e6:.0f}M parameters, checkpoint {gb:.2f} GB")
+    for key in ("save_s", "reset_s", "restore_s", "first_step_s", "step_s", "torch_save_s", "torch_load_s"):
+        print(f"  {key:14s} {result[key] * 1e3:9.1f} ms")
+    print(f"  disk: write+fsync {result['disk_write_gbs']:.2f} GB/s, read {result['disk_read_gbs']:.2f} GB/s")
+    floor = gb / result["disk_write_gbs"] + gb / result["disk_read_gbs"]
+    latency = result["save_s"] + result["reset_s"] + result["restore_s"]
+    print(f"  pause-to-resume (save + reset + restore) {latency:.2f} s; bytes / disk bandwidth {floor:.2f} s "
+          f"-> {latency / floor:.2f}x")
+    if result["free_before_pause_gib"] is not None:
+        print(f"  free device memory: before pause {result['free_before_pause_gib']:.2f} GiB, after release "
+              f"{result['free_after_release_gib']:.2f} GiB (gc.collect needed: {result['release_needed_gc']}), "
+              f"after resume {result['free_after_resume_gib']:.2f} GiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
