@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     phases_dir = os.path.join(root, "phases")
     os.makedirs(phases_dir)
     os.environ[PHASES_ENV] = phases_dir  # inherited by the workers of the local Ray started below
+    from tunekit._ray import quiet_tune_banner
+
+    quiet_tune_banner()  # no experiment banner per sweep
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     walls: dict[tuple, float] = {}
     logs: dict[tuple, dict] = {}

@@ -205,7 +205,7 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
     def save(self, checkpoint_dir: str | None = None) -> Any:
         metrics = _ray.last_result(self)
         if self._tunekit_saved is not None and self._tunekit_saved[0] == self.iteration:
-            return self._tunekit_saved[1]
+            return _ray.empty_save_result(self)  # registered once already (see TorchTrainable.save)
         reported = _ray.last_reported(self)
         if reported is not None and reported.checkpoint is not None:
             reported.metrics.update(metrics)

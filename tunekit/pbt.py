@@ -76,12 +76,15 @@ class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
     of slack, because resuming a paused trial can take Ray seconds);
     otherwise the trial continues.
 
-    A trial that goes on running and is told to clone a donor does so in its own
-    worker: Ray's exploit pauses it (stopping or caching its worker) and resumes
-    it later (reset, restore); here the reset and restore are sent to the
-    running worker, which saves Ray's pause/resume round trips and the wait
-    for a free slot. Trials that pause anyway (a time-shared population) and
+    Opt-in (``in_place_exploits = True``, experimental): a trial that goes on
+    running and is told to clone a donor does so in its own worker. Ray's
+    exploit pauses it (stopping or caching its worker) and resumes it later
+    (reset, restore); here the reset and restore are sent to the running
+    worker, which saves Ray's pause/resume round trips and the wait for a
+    free slot. Trials that pause anyway (a time-shared population) and
     trainables that cannot be reset (no ``reset_config``) take Ray's path.
+    Off by default: a worker killed while such a clone was under way has been
+    seen to end its trial in ERROR although ``max_failures`` allowed a retry.
 
     It also never exploits a donor that is behind: asynchronous Ray PBT lets a
     trial in the lower quantile clone an upper-quantile trial whose last score
@@ -110,26 +113,33 @@ class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
             return upper, [t for t in lower if t is not trial]
         return upper, lower
 
+    #: Clone a donor into a trial that keeps running in its own worker (see the class docstring).
+    in_place_exploits: bool = False
+
     @override
     def exploit_in_place(self, trial: Trial) -> bool:
-        return trial is self._keeps_running
+        return self.in_place_exploits and trial is self._keeps_running
 
     _keeps_running: Trial | None = None
 
-    def _continues(self, tune_controller: Any, trial: Trial, result: dict) -> bool:
-        """Whether the trial goes on training after this result (Ray's pause rule, relaxed as described)."""
+    def _action(self, tune_controller: Any, trial: Trial, now: float) -> str:
+        """What happens to a trial at ``now`` when Ray's PBT would pause it: continue or pause."""
         live = [t for t in tune_controller.get_trials() if not t.is_finished()]
         others = [t for t in live if t is not trial]
         if not any(t.status in (Trial.PENDING, Trial.PAUSED) for t in others):
-            return True  # Ray's PBT pauses only while another trial waits
-        now = result.get(self.time_attr, 0)
+            return "continue"  # Ray's PBT pauses only while another trial waits
+        if len(live) > _concurrent_slots(trial):
+            return "pause"  # a time-shared population: free the slot
         slowest = min((_progress(t, self.time_attr) for t in others), default=now)
-        return len(live) <= _concurrent_slots(trial) and now - slowest < 2 * self.perturbation_interval
+        return "continue" if now - slowest < 2 * self.perturbation_interval else "pause"
 
     @override
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
-        continues = not self.synch and trial.status == Trial.RUNNING and self._continues(tune_controller, trial, result)
-        self._keeps_running = trial if continues else None
+        now = result.get(self.time_attr, 0)
+        action = "pause"
+        if not self.synch and trial.status == Trial.RUNNING:
+            action = self._action(tune_controller, trial, now)
+        self._keeps_running = trial if action == "continue" else None
         try:
             decision = super().on_trial_result(tune_controller, trial, result)
         finally:
@@ -139,7 +149,7 @@ class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
             # schedules the next step once the restore is done.
             self.exploited_in_place.discard(trial)
             return TrialScheduler.NOOP
-        if decision == TrialScheduler.PAUSE and continues:
+        if decision == TrialScheduler.PAUSE and action == "continue":
             return TrialScheduler.CONTINUE
         return decision
 

@@ -61,8 +61,11 @@ class TorchTrainable(tune.Trainable):
     :meth:`apply_hyperparameters` for the extra ones.
 
     One :meth:`save` per iteration: when Ray asks again for the same iteration
-    (say a ``checkpoint_frequency`` hit and a PBT save), the checkpoint already
-    written is returned, never a second one.
+    (say a PBT save and a ``checkpoint_frequency`` hit), or before anything
+    was trained since a restore, the answer is an empty result: nothing is
+    written, and Tune registers nothing (registering the checkpoint already
+    written a second time would let ``num_to_keep=1`` delete its directory,
+    as the "older" of two entries for it).
     """
 
     mutable_hyperparameters: ClassVar[tuple[str, ...]] = ()
@@ -151,12 +154,10 @@ class TorchTrainable(tune.Trainable):
 
     @override
     def save(self, checkpoint_dir: str | None = None) -> Any:
-        if self._saved is not None and self._saved[0] == self.iteration and not checkpoint_dir:
-            return self._saved[1]
-        if self._as_restored and not checkpoint_dir:
-            # Nothing trained since the restore: the checkpoint restored from
-            # already holds this state (Tune keeps it as the trial's latest).
-            return _ray.TrainingResult(checkpoint=None, metrics=_ray.last_result(self))
+        if not checkpoint_dir and (self._as_restored or (self._saved is not None and self._saved[0] == self.iteration)):
+            # Saved already at this iteration, or restored and not trained
+            # since: the checkpoint Tune has as the trial's latest holds this state.
+            return _ray.empty_save_result(self)
         result = None
         if not checkpoint_dir:  # into local storage: write once, in place
             self._durable = False
@@ -239,7 +240,8 @@ class TorchTrainable(tune.Trainable):
         self.__dict__.pop("state", None)
         self._metrics = None
         self._as_restored = False
-        if self._reusable_slot.key != reusable_key(new_config, type(self).reusable_keys, owner="reset_config"):
+        owner = f"{type(self).__name__}.reusable_keys"
+        if self._reusable_slot.key != reusable_key(new_config, type(self).reusable_keys, owner=owner):
             self._reusable_slot.clear()
             self.reusable = None
             self._kept_bytes = 0
@@ -249,8 +251,9 @@ class TorchTrainable(tune.Trainable):
 
     @override
     def cleanup(self) -> None:
-        # Checkpoint fsyncs still running finish before the worker process
-        # exits (the fsync pool is joined at interpreter exit); nothing waits here.
+        # No wait for background fsyncs: the checkpoint is complete in the
+        # page cache and registered already; the fsync only narrows the window
+        # in which a machine crash could lose it, as it does while training.
         self.__dict__.pop("state", None)
         self._reusable_slot.clear()
         self.reusable = None

@@ -8,6 +8,7 @@ state is bit-identical to a fresh worker's for the same config and checkpoint.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -113,3 +114,30 @@ def test_a_reused_worker_ends_bit_identical_to_a_fresh_one(ray_session, storage,
         assert builds == 3
     elif trainable is TrainDigits:
         assert builds == 1  # the dataset on the device was built once for three trials
+
+
+def test_reusable_is_rebuilt_only_when_its_keys_change():
+    from tunekit import reusable
+
+    built = []
+
+    def build():
+        built.append(1)
+        return object()
+
+    first = reusable("test.keyed", {"batch_size": 32, "lr": 0.1}, ("batch_size",), build)
+    assert reusable("test.keyed", {"batch_size": 32, "lr": 0.5}, ("batch_size",), build) is first
+    assert reusable("test.keyed", {"batch_size": 64, "lr": 0.5}, ("batch_size",), build) is not first
+    assert reusable("test.other", {"batch_size": 64}, ("batch_size",), build) is not first
+    assert len(built) == 3
+
+
+@pytest.mark.parametrize("config, keys, message", [
+    ({"shape": [1, 2]}, ("shape",), "config['shape']=[1, 2] is not hashable"),
+    ({"batch_size": 1}, "batch_size", "must be a tuple of config key names"),
+])
+def test_reusable_keys_are_checked(config, keys, message):
+    from tunekit import ConfigError, reusable
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        reusable("test.bad", config, keys, object)
