@@ -55,7 +55,7 @@ class BigMLP(TorchTrainable):
         self.state.optimizer.step()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        return {"loss": float(loss)}
+        return {"loss": loss.item()}
 
 
 def _free_gib(device: torch.device) -> float | None:
@@ -93,7 +93,8 @@ def cycle(params: int, folder: str) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     config = {"params": params, "seed": 0, "lr": 1e-4}
-    trainable = BigMLP(config=config, storage=storage_context(folder, "exp", "trial"))
+    storage = storage_context(folder, "exp", "trial")
+    trainable = BigMLP(config=config, storage=storage)
     device = trainable.device
     out["device"] = str(device)
     out["param_count"] = sum(p.numel() for p in trainable.state.model.parameters())
@@ -105,12 +106,12 @@ def cycle(params: int, folder: str) -> dict[str, Any]:
     state_file = os.path.join(saved.checkpoint.path, "state.pt")
     out["checkpoint_bytes"] = os.path.getsize(state_file)
     t0 = time.perf_counter()
-    trainable.reset({**config, "seed": 1})  # another trial takes the worker: drop and rebuild
+    trainable.reset({**config, "seed": 1}, storage)  # another trial takes the worker: drop and rebuild
     out["reset_s"] = time.perf_counter() - t0
     trainable.cleanup()  # the worker lets the trial go (what a stop does)
     out["free_after_release_gib"] = _free_gib(device)
     out["release_needed_gc"] = release_memory()  # True: cleanup's release left tensors behind
-    trainable.reset(config)
+    trainable.reset(config, storage)
     t0 = time.perf_counter()
     trainable.restore(saved)
     out["restore_s"] = time.perf_counter() - t0
@@ -149,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
             result = ray.get(ray.remote(num_gpus=1)(cycle).remote(args.params, folder))
             ray.shutdown()
         else:
-            result = cycle(args.params, folder)
+            import ray
+
+            ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            result = cycle(args.params, folder)  # in this process
+            ray.shutdown()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     gb = result["checkpoint_bytes"] / 1e9
