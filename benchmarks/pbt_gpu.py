@@ -10,7 +10,7 @@ it and later resumes it in a reused worker that ran another trial meanwhile:
 * device memory free before the pause, after the reset released the trial's
   memory, and after the resume (``torch.cuda.mem_get_info``);
 * against the floor for those bytes: the checkpoint's size divided by the
-  disk's write and read bandwidth, measured with ``dd``-like writes in the same run,
+  disk's write bandwidth (with fsync) and the read-back of the checkpoint file, in the same run,
   and ``torch.save``/``torch.load`` of the same state.
 
 Usage::
@@ -65,26 +65,16 @@ def _free_gib(device: torch.device) -> float | None:
     return free / 2**30
 
 
-def _disk_bandwidth(folder: str, nbytes: int) -> tuple[float, float]:
-    """Write (with fsync) and read bandwidth in GB/s for a file of ``nbytes``."""
-    path = os.path.join(folder, "bandwidth.bin")
-    block = os.urandom(64 << 20)
+def _disk_bandwidth(folder: str, nbytes: int, written: str) -> tuple[float, float]:
+    """GB/s: a write of ``nbytes`` with fsync (``run.py``'s measurement), and reading ``written`` back."""
+    from run import _disk_write_bandwidth  # benchmarks/ is on sys.path when run as a script
+
+    write = _disk_write_bandwidth(folder, nbytes) / 1e9
     t0 = time.perf_counter()
-    with open(path, "wb") as fh:
-        written = 0
-        while written < nbytes:
-            fh.write(block)
-            written += len(block)
-        fh.flush()
-        os.fsync(fh.fileno())
-    write = written / (time.perf_counter() - t0) / 1e9
-    t0 = time.perf_counter()
-    with open(path, "rb") as fh:
+    with open(written, "rb") as fh:
         while fh.read(64 << 20):
             pass
-    read = written / (time.perf_counter() - t0) / 1e9
-    os.remove(path)
-    return write, read
+    return write, os.path.getsize(written) / (time.perf_counter() - t0) / 1e9
 
 
 def cycle(params: int, folder: str) -> dict[str, Any]:
@@ -130,7 +120,7 @@ def cycle(params: int, folder: str) -> dict[str, Any]:
     torch.load(os.path.join(folder, "raw.pt"), weights_only=True, map_location=device)
     out["torch_load_s"] = time.perf_counter() - t0
     trainable.stop()
-    out["disk_write_gbs"], out["disk_read_gbs"] = _disk_bandwidth(folder, out["checkpoint_bytes"])
+    out["state_file"] = state_file
     return out
 
 
@@ -155,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
             result = cycle(args.params, folder)  # in this process
             ray.shutdown()
+        # In this process (benchmarks/ is importable here), on the same disk as the checkpoint.
+        result["disk_write_gbs"], result["disk_read_gbs"] = _disk_bandwidth(
+            folder, result["checkpoint_bytes"], result["state_file"])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     gb = result["checkpoint_bytes"] / 1e9
