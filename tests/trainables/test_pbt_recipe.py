@@ -7,7 +7,7 @@ import ray
 from ray import tune
 
 from tests.trainables.contract import KillActorOnce
-from tunekit import ConfigError
+from tunekit import ConfigError, verify_checkpoint
 from tunekit.pbt import pbt_setup
 from tunekit.trainables import DigitsTrainable, TrainDigits
 from tunekit.trainables.toy_pbt import TARGET_Q, run_toy_problem
@@ -67,6 +67,10 @@ def test_frequent_perturbation_with_one_checkpoint_kept_never_errors(ray_session
     # An exploit can move a trial to its donor's (later) iteration, so it may stop at 7.
     assert all(r.metrics["training_iteration"] in (6, 7) for r in grid), [r.metrics for r in grid]
     assert all(len(r.best_checkpoints) == 1 for r in grid)
+    # The kept checkpoint is on disk and whole: PBT's save and the frequency save of one iteration are
+    # registered once (registered twice, num_to_keep=1 deleted the directory as the "older" entry).
+    kept = [c for r in grid for c, _ in r.best_checkpoints]
+    assert all(verify_checkpoint(c.path).ok for c in kept), [verify_checkpoint(c.path).describe() for c in kept]
 
 
 class _Placement(tune.Callback):
