@@ -60,7 +60,6 @@ __all__ = [
     "TrainingResult",
     "adopt_function_runner",
     "clear_last_reported",
-    "empty_save_result",
     "function_runner_cleanup",
     "function_runner_reset",
     "give_session_checkpoint",
@@ -142,11 +141,6 @@ def report_checkpoint_dir(trainable: tune.Trainable, directory: str) -> Training
 def last_reported(trainable: tune.Trainable) -> TrainingResult | None:
     """The function runner's last ``tune.report`` (metrics and checkpoint), if any."""
     return trainable._last_training_result
-
-
-def empty_save_result(trainable: tune.Trainable) -> TrainingResult:
-    """What ``save`` returns when there is nothing new to checkpoint (Tune registers nothing)."""
-    return TrainingResult(checkpoint=None, metrics=last_result(trainable))
 
 
 def clear_last_reported(trainable: tune.Trainable) -> None:

@@ -52,6 +52,7 @@ from tunekit.trial_checkpoint import (
     prepare_restore,
     remove_temps,
     restore_trial_state,
+    save_again,
     save_in_place,
     save_trial_state,
 )
@@ -204,10 +205,14 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
     @override
     def save(self, checkpoint_dir: str | None = None) -> Any:
         metrics = _ray.last_result(self)
-        if self._tunekit_saved is not None and self._tunekit_saved[0] == self.iteration:
-            return _ray.empty_save_result(self)  # registered once already (see TorchTrainable.save)
         reported = _ray.last_reported(self)
-        if reported is not None and reported.checkpoint is not None:
+        if (
+            self._tunekit_saved is not None
+            and self._tunekit_saved[0] == self.iteration
+            and (result := save_again(self, self._tunekit_saved[1])) is not None
+        ):
+            pass  # saved already at this iteration: links, no rewrite (see save_again)
+        elif reported is not None and reported.checkpoint is not None:
             reported.metrics.update(metrics)
             result = reported
         elif self._tunekit_saver is not None and not checkpoint_dir and (

@@ -10,7 +10,6 @@ import torch
 from ray import tune
 from typing_extensions import override
 
-from tunekit import _ray
 from tunekit.device import allocated_bytes, release_memory, trial_device
 from tunekit.errors import CheckpointError, ConfigError, ConfigTypeError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
@@ -23,6 +22,7 @@ from tunekit.trial_checkpoint import (
     prepare_restore,
     remove_temps,
     restore_trial_state,
+    save_again,
     save_in_place,
     save_trial_state,
 )
@@ -145,21 +145,17 @@ class TorchTrainable(tune.Trainable):
                 f"got {type(metrics).__name__}"
             )
         self.state.counters.iteration += 1
-        self._as_restored = False
         self._metrics = dict(metrics)  # what the trial reported, before Ray adds its fields
         return metrics
 
     _metrics: dict[str, Any] | None = None
-    _as_restored = False  # restored, and not trained since
 
     @override
     def save(self, checkpoint_dir: str | None = None) -> Any:
-        if not checkpoint_dir and (self._as_restored or (self._saved is not None and self._saved[0] == self.iteration)):
-            # Saved already at this iteration, or restored and not trained
-            # since: the checkpoint Tune has as the trial's latest holds this state.
-            return _ray.empty_save_result(self)
         result = None
-        if not checkpoint_dir:  # into local storage: write once, in place
+        if not checkpoint_dir and self._saved is not None and self._saved[0] == self.iteration:
+            result = save_again(self, self._saved[1])  # saved already at this iteration: links, no rewrite
+        if result is None and not checkpoint_dir:  # into local storage: write once, in place
             self._durable = False
             try:
                 result = save_in_place(self, self.save_checkpoint)
@@ -222,7 +218,6 @@ class TorchTrainable(tune.Trainable):
             verify=os.path.abspath(checkpoint) != os.path.abspath(self._verified or ""),
         )
         self._saved = None
-        self._as_restored = True
 
     @property
     def _reusable_slot(self) -> ReusableSlot:
@@ -239,7 +234,6 @@ class TorchTrainable(tune.Trainable):
         # objects (kept only if their keys are unchanged): rebuild the state.
         self.__dict__.pop("state", None)
         self._metrics = None
-        self._as_restored = False
         owner = f"{type(self).__name__}.reusable_keys"
         if self._reusable_slot.key != reusable_key(new_config, type(self).reusable_keys, owner=owner):
             self._reusable_slot.clear()

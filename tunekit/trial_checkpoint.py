@@ -46,6 +46,7 @@ __all__ = [
     "prepare_restore",
     "remove_temps",
     "restore_trial_state",
+    "save_again",
     "save_in_place",
     "save_trial_state",
 ]
@@ -114,6 +115,55 @@ def save_in_place(trainable: tune.Trainable, write: Callable[[str], None]) -> Tr
     try:
         write(staging)
         if os.path.lexists(final):  # Ray would overwrite it too (a re-saved index)
+            shutil.rmtree(final)
+        os.rename(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    sync_in_background(final)
+    return _ray.publish_local_checkpoint(trainable, final, metrics)
+
+
+def save_again(trainable: tune.Trainable, previous: Any) -> TrainingResult | None:
+    """A second checkpoint of a state saved already, as hard links to the first one's files.
+
+    Tune may save one iteration twice (PBT's save and ``checkpoint_frequency``
+    at the same result, or a pause right after either). Each save must be a
+    checkpoint of its own: Tune's ``num_to_keep`` deletes the older of two
+    registered results, and if both named one directory it would delete the
+    checkpoint it keeps. Answering "nothing saved" instead would leave Ray's
+    PBT, which may be waiting on that very save, without a donor checkpoint.
+    So the second save is a new checkpoint directory whose files are hard
+    links to the first one's (copied where links are not possible): no bytes
+    rewritten, and deleting either directory leaves the other whole.
+
+    Returns:
+        The result ``save()`` returns, or None when this does not apply (the
+        storage is not local, or the first checkpoint is gone): the caller
+        then saves as usual.
+    """
+    source = getattr(getattr(previous, "checkpoint", None), "path", None)
+    if not source or not os.path.isdir(source) or _ray.trainable_storage(trainable) is None:
+        return None
+    target = _ray.next_local_checkpoint(trainable)
+    if target is None:
+        return None
+    final, metrics = target
+    if os.path.abspath(final) == os.path.abspath(source):
+        return None
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.partial-", dir=os.path.dirname(final))
+    try:
+        for root, dirs, files in os.walk(source):
+            rel = os.path.relpath(root, source)
+            for d in dirs:
+                os.makedirs(os.path.join(staging, rel, d), exist_ok=True)
+            for f in files:
+                src, dst = os.path.join(root, f), os.path.join(staging, rel, f)
+                try:
+                    os.link(src, dst)
+                except OSError:
+                    shutil.copy2(src, dst)
+        if os.path.lexists(final):
             shutil.rmtree(final)
         os.rename(staging, final)
     except BaseException:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import posixpath
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ import torch
 from ray import tune
 
 from tests.faults import flip_byte
+from tunekit import function_trainable
+from tunekit.trainables import DigitsTrainable, train_digits
 
 
 def make_actor(cls: type, config: dict[str, Any], storage: Path, trial: str):
@@ -98,6 +102,53 @@ class KillActorOnce(tune.Callback):
         self.killed = True
         ray.kill(actor, no_restart=True)
         ray.wait([actor.__ray_ready__.remote()], timeout=30)  # returns once the death is known
+
+
+def die_once(config: dict[str, Any], upcoming: int) -> None:
+    """SIGKILL this worker process as it starts iteration ``config["die_at"]``, once per ``config["die_marker"]``.
+
+    The death a preempted or OOM-killed worker meets: in the middle of a
+    training step, with Ray's train task in flight. (A kill sent from the
+    driver cannot be aimed as well: with reused actors it can land while Tune
+    pauses a trial or hands its worker to another one, a Ray race, README
+    "Retries".)
+    """
+    marker, at = config.get("die_marker"), config.get("die_at")
+    if not marker or upcoming != at:
+        return
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return  # died once already (this is the retry, or another trial)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class DyingDigits(DigitsTrainable):
+    """``DigitsTrainable`` that dies once as configured (see :func:`die_once`)."""
+
+    def train_iteration(self):
+        die_once(self.config, self.state.counters.iteration + 1)
+        return super().train_iteration()
+
+
+def dying_train_digits(config: dict[str, Any]) -> None:
+    """``train_digits`` that dies once as configured (see :func:`die_once`)."""
+    import tunekit.trainables.function_api as api
+
+    steps = api.train_steps
+
+    def train_steps(state, n):
+        die_once(config, state.counters.iteration + 1)
+        return steps(state, n)
+
+    api.train_steps = train_steps
+    try:
+        train_digits(config)
+    finally:
+        api.train_steps = steps
+
+
+DyingTrainDigits = function_trainable(dying_train_digits, name="DyingTrainDigits")
 
 
 class DamageAndKill(tune.Callback):

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
+import ray
 from ray import tune
 
 from tests.trainables.contract import (
     DamageAndKill,
     KillActorOnce,
     checkpoint_iterations,
+    make_actor,
     run_actor,
     tensors_equal,
     worker_logs_mention,
 )
-from tunekit import read_state
+from tunekit import read_state, verify_checkpoint
 from tunekit.callbacks import CheckpointByStepsTaken
 from tunekit.trainables import DigitsTrainable, TrainDigits
 
@@ -63,6 +67,21 @@ def test_resume_in_fresh_process_is_bit_exact(ray_session, trainable, storage):
     assert [r["training_iteration"] for r in second_results] == [4, 5, 6]
 
 
+def test_second_save_of_one_iteration_is_a_checkpoint_of_its_own(ray_session, trainable, storage):
+    """Tune may save one iteration twice (PBT's save and checkpoint_frequency): two checkpoints, no rewrite."""
+    actor = make_actor(trainable, CONFIG, storage, "twice")
+    try:
+        ray.get([actor.train.remote() for _ in range(2)])
+        first, second = (ray.get(actor.save.remote()).checkpoint.path for _ in range(2))
+    finally:
+        ray.kill(actor)
+    assert first != second and read_state(first)["counters"] == read_state(second)["counters"]
+    # The second one's files are the first one's (hard links): nothing was written twice.
+    assert os.stat(Path(first, "state.pt")).st_ino == os.stat(Path(second, "state.pt")).st_ino
+    shutil.rmtree(first)  # what num_to_keep=1 does to the older one
+    assert verify_checkpoint(second).ok
+
+
 PLAIN = dict(stop=8, checkpoint_frequency=2, checkpoint_at_end=True)
 
 
@@ -85,8 +104,14 @@ def test_killed_worker_finishes_with_same_weights(ray_session, trainable, storag
     killed = _fit(trainable, storage, "killed", callbacks=[KillActorOnce(5)], max_failures=2, **kwargs)[0]
 
     df = killed.metrics_dataframe
-    assert df["pid"].nunique() == 2, "the trial was not restarted in a new worker"
-    assert sorted(df["training_iteration"]) == [1, 2, 3, 4, 5, 5, 6, 7, 8]  # 5 re-run from checkpoint 4
+    pids = list(dict.fromkeys(df["pid"]))
+    assert len(pids) == 2, "the trial was not restarted in a new worker"
+    before, after = (list(df[df["pid"] == pid]["training_iteration"]) for pid in pids)
+    # Killed once it reported 5 (the worker may have reported one more before the kill landed),
+    # then restarted from its newest checkpoint (every 2 iterations) and run to the end once.
+    killed_at = before[-1]
+    assert killed_at >= 5 and before == list(range(1, killed_at + 1)), before
+    assert after == list(range(after[0], 9)) and (after[0] - 1) % 2 == 0 and after[0] <= killed_at + 1, after
     a, b = read_state(plain.checkpoint.path), read_state(killed.checkpoint.path)
     assert a["counters"]["iteration"] == b["counters"]["iteration"] == 8
     assert tensors_equal(a["models"], b["models"]) == []
