@@ -118,9 +118,20 @@ class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
 
     @override
     def exploit_in_place(self, trial: Trial) -> bool:
-        return self.in_place_exploits and trial is self._keeps_running
+        return self.in_place_exploits and self._continues(trial)
 
-    _keeps_running: Trial | None = None
+    # The result being handled: (controller, trial, time) while the trial runs
+    # asynchronously, and whether it continues, decided at most once and only
+    # when needed (at a perturbation), never on the hot path of every result.
+    _handling: tuple[Any, Trial, float] | None = None
+    _decided: bool | None = None
+
+    def _continues(self, trial: Trial) -> bool:
+        if self._handling is None or self._handling[1] is not trial:
+            return False
+        if self._decided is None:
+            self._decided = self._action(*self._handling) == "continue"
+        return self._decided
 
     def _action(self, tune_controller: Any, trial: Trial, now: float) -> str:
         """What happens to a trial at ``now`` when Ray's PBT would pause it: continue or pause."""
@@ -135,23 +146,21 @@ class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
 
     @override
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
-        now = result.get(self.time_attr, 0)
-        action = "pause"
-        if not self.synch and trial.status == Trial.RUNNING:
-            action = self._action(tune_controller, trial, now)
-        self._keeps_running = trial if action == "continue" else None
+        running = not self.synch and trial.status == Trial.RUNNING
+        self._handling = (tune_controller, trial, result.get(self.time_attr, 0)) if running else None
+        self._decided = None
         try:
             decision = super().on_trial_result(tune_controller, trial, result)
+            if trial in self.exploited_in_place:
+                # Cloned in its own worker: reset and restore are under way; Tune
+                # schedules the next step once the restore is done.
+                self.exploited_in_place.discard(trial)
+                return TrialScheduler.NOOP
+            if decision == TrialScheduler.PAUSE and self._continues(trial):
+                return TrialScheduler.CONTINUE
+            return decision
         finally:
-            self._keeps_running = None
-        if trial in self.exploited_in_place:
-            # Cloned in its own worker: reset and restore are under way; Tune
-            # schedules the next step once the restore is done.
-            self.exploited_in_place.discard(trial)
-            return TrialScheduler.NOOP
-        if decision == TrialScheduler.PAUSE and action == "continue":
-            return TrialScheduler.CONTINUE
-        return decision
+            self._handling = None
 
 
 def _progress(trial: Trial, time_attr: str) -> float:
