@@ -25,6 +25,7 @@ Usage::
     python benchmarks/pbt.py                                # everything (about 15 minutes on 2 CPUs)
     python benchmarks/pbt.py --steps 60 --populations 1     # a subset
     python benchmarks/pbt.py --trainables plain,class --schedulers none,pbt_setup
+    python benchmarks/pbt.py --repeats 3                    # best of 3 per sweep (runs interleaved)
 """
 
 from __future__ import annotations
@@ -167,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--populations", default="1,4", help="trials per CPU (comma-separated)")
     parser.add_argument("--trainables", default=",".join(TRAINABLES))
     parser.add_argument("--schedulers", default=",".join(SCHEDULERS))
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run every sweep N times, interleaved; report each one's best (fastest) run")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: expected an integer >= 1")
     trainables = [t for t in args.trainables.split(",") if t]
     schedulers = [s for s in args.schedulers.split(",") if s]
     bad = sorted(set(trainables) - set(TRAINABLES)) + sorted(set(schedulers) - set(SCHEDULERS))
@@ -195,20 +200,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _sweep(root, "warmup", trainable="class", scheduler="pbt_setup", trials=cpus, iterations=2, interval=1,
                steps=1, phases_dir=phases_dir)
-        for steps in [int(s) for s in args.steps.split(",")]:
-            for per_cpu in [int(p) for p in args.populations.split(",")]:
-                trials = per_cpu * cpus
-                for trainable in trainables:
-                    for scheduler in schedulers:
-                        key = (steps, trials, trainable, scheduler)
-                        walls[key], logs[key] = _sweep(
-                            root, "_".join(map(str, key)), trainable=trainable, scheduler=scheduler, trials=trials,
-                            iterations=args.iterations, interval=args.interval, steps=steps, phases_dir=phases_dir)
-                        print(f"{steps:4d} steps {trials:2d} trials {trainable:9s} {scheduler:10s} "
-                              f"{walls[key]:7.2f} s   {_describe(logs[key])}", flush=True)
+        runs: dict[tuple, list[float]] = {}
+        for repeat in range(args.repeats):  # interleaved: a noisy minute spreads over all sweeps
+            for steps in [int(s) for s in args.steps.split(",")]:
+                for per_cpu in [int(p) for p in args.populations.split(",")]:
+                    trials = per_cpu * cpus
+                    for trainable in trainables:
+                        for scheduler in schedulers:
+                            key = (steps, trials, trainable, scheduler)
+                            wall, log = _sweep(
+                                root, "_".join(map(str, key)) + f"_{repeat}", trainable=trainable,
+                                scheduler=scheduler, trials=trials, iterations=args.iterations,
+                                interval=args.interval, steps=steps, phases_dir=phases_dir)
+                            runs.setdefault(key, []).append(wall)
+                            if key not in walls or wall < walls[key]:
+                                walls[key], logs[key] = wall, log
+                            print(f"[{repeat + 1}/{args.repeats}] {steps:4d} steps {trials:2d} trials "
+                                  f"{trainable:9s} {scheduler:10s} {wall:7.2f} s   {_describe(log)}", flush=True)
         print()
         print(f"machine: {platform.machine()}, {cpus} CPUs, Python {platform.python_version()}, ray {ray.__version__}")
         print(f"{args.iterations} iterations, perturbation and checkpoint every {args.interval}, reuse_actors=True")
+        if args.repeats > 1:
+            print(f"best of {args.repeats} runs per sweep (all runs: wall s, in order)")
+            for key, all_walls in runs.items():
+                print(f"  {key}: {', '.join(f'{w:.2f}' for w in all_walls)}")
         print()
         print("| steps | trials | trainable | scheduler | wall s | / its no-scheduler | / plain, same scheduler "
               "| worker s beyond no-scheduler | rest (Ray controller) s per CPU |")
