@@ -143,34 +143,23 @@ def save_again(trainable: tune.Trainable, previous: Any) -> TrainingResult | Non
         then saves as usual.
     """
     source = getattr(getattr(previous, "checkpoint", None), "path", None)
-    if not source or not os.path.isdir(source) or _ray.trainable_storage(trainable) is None:
+    if not source or not os.path.isdir(source):
         return None
-    target = _ray.next_local_checkpoint(trainable)
-    if target is None:
-        return None
-    final, metrics = target
-    if os.path.abspath(final) == os.path.abspath(source):
-        return None
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.partial-", dir=os.path.dirname(final))
-    try:
-        for root, dirs, files in os.walk(source):
-            rel = os.path.relpath(root, source)
-            for d in dirs:
-                os.makedirs(os.path.join(staging, rel, d), exist_ok=True)
-            for f in files:
-                src, dst = os.path.join(root, f), os.path.join(staging, rel, f)
-                try:
-                    os.link(src, dst)
-                except OSError:
-                    shutil.copy2(src, dst)
-        if os.path.lexists(final):
-            shutil.rmtree(final)
-        os.rename(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    sync_in_background(final)
-    return _ray.publish_local_checkpoint(trainable, final, metrics)
+    return save_in_place(trainable, lambda staging: _link_tree(source, staging))
+
+
+def _link_tree(source: str, target: str) -> None:
+    """Hard-link every file under ``source`` to the same place under ``target`` (copy where links fail)."""
+    for root, dirs, files in os.walk(source):
+        rel = os.path.relpath(root, source)
+        for d in dirs:
+            os.makedirs(os.path.join(target, rel, d), exist_ok=True)
+        for f in files:
+            src, dst = os.path.join(root, f), os.path.join(target, rel, f)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
 
 
 def restore_trial_state(
