@@ -56,6 +56,7 @@ __all__ = [
     "FUNCTION_RUNNER_METHODS",
     "PBTWithDonorChoice",
     "RAY_NOTICES",
+    "RAY_SYNC_FAILURE",
     "RAY_WARNINGS",
     "TrainingResult",
     "adopt_function_runner",
@@ -324,6 +325,26 @@ RAY_NOTICES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: (logger, message start) of Ray's report that an experiment sync failed. Tune
+#: copies the driver's staging folder to storage in the background while the
+#: next snapshot is written: a searcher state goes to a temporary file
+#: (``.tmp_generator`` in Ray 2.51, ``.<uuid>-tmp-basic-variant-state-...``
+#: later) that is renamed into place, and a copy that listed the temporary
+#: file fails when it is gone. The next sync copies the renamed file, and the
+#: sync at the end of ``fit()`` is waited for, so nothing is lost: only that
+#: failure (a vanished temporary file) is dropped, never another one.
+RAY_SYNC_FAILURE = ("ray.tune.execution.experiment_state", "Saving experiment state to storage at")
+_VANISHED_TEMPORARY = re.compile(r"[/\\]\.[^/\\']*tmp[^/\\']*'")
+
+
+class _DropVanishedTemporarySync(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(RAY_SYNC_FAILURE[1]):
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(error, FileNotFoundError) and _VANISHED_TEMPORARY.search(str(error)))
+
+
 #: Python warnings Ray issues that :func:`quiet_ray_notices` drops: (category, message start).
 RAY_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     # Ray (2.51-2.5x) announces that it will stop hiding GPUs from workers with
@@ -334,13 +355,16 @@ RAY_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
 
 
 def quiet_ray_notices() -> Callable[[], None]:
-    """Drop exactly the Ray log lines in :data:`RAY_NOTICES` and warnings in :data:`RAY_WARNINGS`.
+    """Drop exactly the Ray log lines in :data:`RAY_NOTICES`, warnings in :data:`RAY_WARNINGS` and
+    the transient sync failure of :data:`RAY_SYNC_FAILURE`.
 
     Returns the undo.
     """
     undo = []
-    for name, prefixes in RAY_NOTICES.items():
-        log, flt = logging.getLogger(name), _DropMessages(prefixes)
+    filters = [(name, _DropMessages(prefixes)) for name, prefixes in RAY_NOTICES.items()]
+    filters.append((RAY_SYNC_FAILURE[0], _DropVanishedTemporarySync()))
+    for name, flt in filters:
+        log = logging.getLogger(name)
         log.addFilter(flt)
         undo.append((log, flt))
     saved_filters = list(warnings.filters)

@@ -260,6 +260,34 @@ def test_filtered_ray_notices_still_come_from_where_they_are_filtered(logger_nam
     assert logging.getLogger(logger_name).filter(record)
 
 
+def test_only_a_sync_failure_on_a_vanished_temporary_file_is_dropped():
+    name, prefix = _ray.RAY_SYNC_FAILURE
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and prefix in _joined(spec.loader.get_source(name)), f"Ray changed: {name} no longer says {prefix!r}"
+    # Ray's own temporary names for a searcher state (2.51 and later), then a real loss and other errors.
+    vanished = ["/tmp/ray/s/driver_artifacts/.tmp_generator",
+                "/tmp/ray/s/driver_artifacts/.8dce793a-36e5-tmp-basic-variant-state-2026-11-22.json"]
+    kept = [FileNotFoundError(f"[Errno 2] Failed to open local file '{p}'. Detail: [errno 2]")
+            for p in ("/tmp/ray/s/driver_artifacts/experiment_state-2026.json", "/tmp/tmpdir/result.json")]
+    kept.append(PermissionError("[Errno 13] Failed to open local file '/x/.tmp_generator'"))
+
+    def record(error):
+        return logging.LogRecord(name, logging.ERROR, __file__, 1, prefix + " '/x' failed with exception: ", None,
+                                 (type(error), error, None) if error else None)
+
+    log = logging.getLogger(name)
+    undo = _ray.quiet_ray_notices()
+    try:
+        for path in vanished:
+            error = FileNotFoundError(f"[Errno 2] Failed to open local file '{path}'. Detail: [errno 2]")
+            assert not log.filter(record(error)), path
+        assert all(log.filter(record(error)) for error in kept)
+        assert log.filter(record(None))
+    finally:
+        undo()
+    assert log.filter(record(FileNotFoundError(f"Failed to open local file '{vanished[0]}'.")))
+
+
 def test_tune_banner_switch_still_exists():
     from ray.tune.experimental import output
 
