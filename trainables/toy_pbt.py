@@ -93,12 +93,16 @@ def explore_h(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def run_toy_problem(storage_path: str, *, pbt: bool, name: str | None = None, steps: int = BUDGET) -> float:
+def run_toy_problem(storage_path: str, *, pbt: bool, name: str | None = None, steps: int = BUDGET,
+                    one_slot: bool = False) -> float:
     """Run the population of two for ``steps`` steps; return the best Q any member reached.
 
     ``pbt=False`` runs the same two members with the same budget and no
-    scheduler (no exploit, no explore). Needs a running Ray (or starts one).
+    scheduler (no exploit, no explore). ``one_slot=True``: each member asks
+    for all of the cluster's CPUs, so the two time-share one slot (pause,
+    resume) instead of running side by side. Needs a running Ray (or starts one).
     """
+    import ray
     from ray import tune
 
     from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
@@ -109,8 +113,13 @@ def run_toy_problem(storage_path: str, *, pbt: bool, name: str | None = None, st
     tune_config = setup.tune_config_kwargs()
     if not pbt:
         del tune_config["scheduler"]
+    trainable: Any = ToyPBT
+    if one_slot:
+        if not ray.is_initialized():
+            ray.init()
+        trainable = tune.with_resources(ToyPBT, {"cpu": ray.cluster_resources()["CPU"]})
     grid = tune.Tuner(
-        ToyPBT,
+        trainable,
         param_space={
             "h": tune.grid_search([[1.0, 0.0], [0.0, 1.0]]),
             "lr": tune.sample_from(lambda spec: STEP_SIZES[0] if spec.config.h[0] == 1.0 else STEP_SIZES[1]),
@@ -128,6 +137,8 @@ def run_toy_problem(storage_path: str, *, pbt: bool, name: str | None = None, st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The toy problem of the PBT paper: PBT against no PBT.")
     parser.add_argument("--storage-path", default=None, help="where to write (default: a temporary directory)")
+    parser.add_argument("--one-slot", action="store_true",
+                        help="the two members time-share one slot (pause and resume in turn)")
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
@@ -135,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     storage = args.storage_path or tempfile.mkdtemp(prefix="tunekit-toy-pbt-")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        with_pbt = run_toy_problem(storage, pbt=True)
-        without = run_toy_problem(storage, pbt=False)
+        with_pbt = run_toy_problem(storage, pbt=True, one_slot=args.one_slot)
+        without = run_toy_problem(storage, pbt=False, one_slot=args.one_slot)
     finally:
         ray.shutdown()
     print(f"best Q with exploit/explore:    {with_pbt:.4f}  (target >= {TARGET_Q})")

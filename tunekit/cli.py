@@ -140,6 +140,10 @@ def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None
                 f"{format_ranges(trial.missing_iterations)} (Ray lost those rows; "
                 "tunekit.callbacks.ParquetLogger keeps every row)"
             )
+    for trial in snapshot.trials:
+        for ckpt in trial.checkpoints:
+            if ckpt.unsupported:
+                print(f"note: {trial.trial_id}'s {ckpt.name} is unsupported: {ckpt.unsupported}")
     if metric and mode:
         best = snapshot.best_checkpoint(metric, mode)
         if best is None:
@@ -234,8 +238,9 @@ def _build_parser() -> _Parser:
         description=(
             "Check every checkpoint of every trial of experiment EXP (a local path or "
             "a URI such as s3://bucket/prefix/exp?endpoint_override=...) and report "
-            "good / incomplete / corrupt per checkpoint. Exit 0 if all are good, 1 if "
-            "any is bad, 2 if EXP is not an experiment."
+            "good / incomplete / corrupt per checkpoint (unsupported: written by a newer "
+            "tunekit). Exit 0 if all are good, 1 if any is bad or unsupported, 2 if EXP "
+            "is not an experiment."
         ),
     )
     verify.add_argument("experiment", metavar="EXP", help="experiment directory or URI")

@@ -34,6 +34,7 @@ Semantics, compared with the class API (:class:`~tunekit.TorchTrainable`):
 from __future__ import annotations
 
 import inspect
+import logging
 import shutil
 import tempfile
 import threading
@@ -44,10 +45,13 @@ from ray.tune.result import RESULT_DUPLICATE
 from typing_extensions import override
 
 from tunekit import _ray
-from tunekit.errors import ConfigError, ConfigTypeError
+from tunekit.checkpoint import write_checkpoint
+from tunekit.errors import CheckpointError, ConfigError, ConfigTypeError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.state import TrainingState
 from tunekit.trial_checkpoint import (
+    BackgroundSaves,
+    background_saves_enabled,
     confirm_remote_upload,
     prepare_restore,
     remove_temps,
@@ -55,9 +59,12 @@ from tunekit.trial_checkpoint import (
     save_again,
     save_in_place,
     save_trial_state,
+    trial_payload,
 )
 
 __all__ = ["FunctionSession", "function_trainable"]
+
+logger = logging.getLogger(__name__)
 
 _current = threading.local()
 
@@ -125,6 +132,7 @@ class FunctionSession:
             self.restored_from = checkpoint.path
         if adapter is not None:
             adapter._tunekit_saver = self.save
+            adapter._tunekit_payload = self.payload
 
     def _default_apply(self, changed: dict[str, Any]) -> None:
         unhandled = apply_hyperparameters(self.state, changed)
@@ -153,6 +161,11 @@ class FunctionSession:
             metrics=self._metrics,
             durable=durable,
         )
+
+    def payload(self, into: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(state dict, metadata)`` of a checkpoint of the current state (``into``: snapshot buffers)."""
+        return trial_payload(self.state, config=self.config, mutable=self.mutable, trainable=self.name,
+                             metrics=self._metrics, into=into)
 
     def report(self, metrics: dict[str, Any], *, checkpoint: bool = False) -> None:
         """Count one iteration and report ``metrics`` to Tune.
@@ -188,6 +201,8 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
     _train_fn: Callable[[dict[str, Any]], Any]
 
     _tunekit_saver: Callable[..., None] | None = None
+    _tunekit_payload: Callable[..., tuple[dict[str, Any], dict[str, Any]]] | None = None
+    _tunekit_saves: BackgroundSaves | None = None
     _tunekit_saved: tuple[int, Any] | None = None
     _tunekit_verified: str | None = None  # the checkpoint restore() verified (loaded without a second pass)
 
@@ -206,6 +221,7 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
     def save(self, checkpoint_dir: str | None = None) -> Any:
         metrics = _ray.last_result(self)
         reported = _ray.last_reported(self)
+        self._wait_for_saves()
         if (
             self._tunekit_saved is not None
             and self._tunekit_saved[0] == self.iteration
@@ -215,6 +231,10 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         elif reported is not None and reported.checkpoint is not None:
             reported.metrics.update(metrics)
             result = reported
+        elif self._tunekit_payload is not None and not checkpoint_dir and background_saves_enabled() and (
+            (result := self._save_in_background()) is not None
+        ):
+            pass  # two-phase: a snapshot now, written on the helper thread
         elif self._tunekit_saver is not None and not checkpoint_dir and (
             (result := save_in_place(self, lambda d: self._tunekit_saver(d, durable=False))) is not None
         ):
@@ -233,12 +253,31 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         self._tunekit_saved = (self.iteration, result)
         return result
 
+    def _save_in_background(self) -> Any:
+        if self._tunekit_saves is None:
+            self._tunekit_saves = BackgroundSaves()
+        saves = self._tunekit_saves
+        saves.wait()
+        # The training function is paused at its report: the state is consistent.
+        sd, metadata = self._tunekit_payload(into=saves.buffers)
+
+        def write(directory: str) -> None:
+            saves.buffers.wait_copied()
+            write_checkpoint(directory, sd, metadata=metadata, durable=False)
+
+        return save_in_place(self, write, background=saves)
+
+    def _wait_for_saves(self) -> None:
+        if self._tunekit_saves is not None:
+            self._tunekit_saves.wait()
+
     _tunekit_temps: list[str] | None = None
 
     @override
     def restore(self, checkpoint_path: Any) -> None:
         # Verified (falling back to the trial's newest good checkpoint) and
         # local; the session reads it when the training function starts.
+        self._wait_for_saves()
         remove_temps(self._tunekit_temps or [])
         checkpoint_path, self._tunekit_temps = prepare_restore(checkpoint_path)
         self._tunekit_verified = checkpoint_path.checkpoint.path
@@ -249,13 +288,22 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
     @override
     def cleanup(self) -> None:
         _ray.function_runner_cleanup(self)
+        if self._tunekit_saves is not None:
+            self._tunekit_saves.close()
+            self._tunekit_saves = None
         remove_temps(self._tunekit_temps or [])
 
     @override
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         # The training function runs again from the start on the new config;
         # objects it declared with tunekit.reusable() stay if their keys match.
+        # The previous trial's checkpoint write completes first.
+        try:
+            self._wait_for_saves()
+        except CheckpointError as exc:  # the previous trial's; it falls back to its kept checkpoint
+            logger.error("tunekit: %s", exc)
         self._tunekit_saver = None
+        self._tunekit_payload = None
         self._tunekit_saved = None
         self._tunekit_verified = None
         _ray.clear_last_reported(self)

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import pyarrow.fs as pafs
 
 from tunekit._checks import is_number
-from tunekit.checkpoint import read_metadata
+from tunekit.checkpoint import read_metadata, unsupported_format
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.experiment_dir import TrialDir, find_trials
 from tunekit.results import dedupe_lineage, missing_iterations, parse_result_lines, read_text
@@ -70,9 +70,14 @@ class CheckpointSummary:
     uri: str
     iteration: int | None
     metrics: dict[str, Any] = field(default_factory=dict)
+    #: Why this tunekit cannot read it (a newer manifest format), else None.
+    unsupported: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "uri": self.uri, "iteration": self.iteration, "metrics": self.metrics}
+        out = {"name": self.name, "uri": self.uri, "iteration": self.iteration, "metrics": self.metrics}
+        if self.unsupported:
+            out["unsupported"] = self.unsupported
+        return out
 
 
 def _number(value: Any) -> float | None:
@@ -338,7 +343,8 @@ def _checkpoints(
             k: v for k, v in {**saved, **row}.items()
             if _number(v) is not None and k != "training_iteration"
         }
-        out.append(CheckpointSummary(ckpt.name, ckpt.location.uri, iteration, metrics))
+        out.append(CheckpointSummary(ckpt.name, ckpt.location.uri, iteration, metrics,
+                                     unsupported_format(ckpt.location) if meta else None))
     return out
 
 

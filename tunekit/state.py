@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -11,7 +12,7 @@ import torch
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.rng import capture_rng, restore_rng
 
-__all__ = ["Counters", "Stateful", "TrainingState", "to_cpu"]
+__all__ = ["Counters", "StateBuffers", "Stateful", "TrainingState", "to_cpu"]
 
 FORMAT = "tunekit-state/1"
 
@@ -45,6 +46,80 @@ def to_cpu(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return tuple(to_cpu(v) for v in obj)
     return obj
+
+
+class StateBuffers:
+    """CPU copies of a state's tensors, reused from save to save.
+
+    The in-memory half of a two-phase save: :meth:`copy` returns the state
+    with every tensor replaced by a CPU buffer holding its current value, so
+    training may go on changing the live tensors while the copy is written.
+    The buffers are kept and overwritten by the next :meth:`copy` (the caller
+    lets at most one write of them be in flight), so the extra memory is one
+    copy of the state's tensors (:attr:`nbytes`). Tensors on a GPU are copied
+    into pinned buffers without blocking; :meth:`wait_copied` (called by the
+    writer before it reads them) waits for those copies.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: list[torch.Tensor] = []
+        self._next = 0
+        self._event: Any = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the buffers."""
+        return sum(b.numel() * b.element_size() for b in self._buffers)
+
+    def copy(self, obj: Any) -> Any:
+        """``obj`` with every tensor copied into a reused CPU buffer (containers and values copied too)."""
+        self._next, self._event = 0, None
+        out = self._copy(obj)
+        del self._buffers[self._next:]
+        return out
+
+    def wait_copied(self) -> None:
+        """Block until the copies from a GPU have landed (no-op for CPU tensors)."""
+        event, self._event = self._event, None
+        if event is not None:
+            event.synchronize()
+
+    def clear(self) -> None:
+        """Give the buffers' memory back."""
+        self._buffers.clear()
+
+    def _copy(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return self._tensor(obj)
+        if isinstance(obj, dict):
+            return {k: self._copy(v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [self._copy(v) for v in obj]
+        if isinstance(obj, tuple):
+            return tuple(self._copy(v) for v in obj)
+        return copy.deepcopy(obj)
+
+    def _tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.detach()
+        if tensor.layout != torch.strided or tensor.is_quantized:
+            return tensor.to("cpu", copy=True)  # rare kinds: a fresh copy, not reused
+        on_gpu = tensor.device.type == "cuda"
+        index, self._next = self._next, self._next + 1
+        buffer = self._buffers[index] if index < len(self._buffers) else None
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype or (
+            on_gpu and not buffer.is_pinned()
+        ):
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=on_gpu)
+            if index < len(self._buffers):
+                self._buffers[index] = buffer
+            else:
+                self._buffers.append(buffer)
+        buffer.copy_(tensor, non_blocking=on_gpu)
+        if on_gpu:
+            if self._event is None:
+                self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(tensor.device))
+        return buffer
 
 
 @dataclass
@@ -100,21 +175,25 @@ class TrainingState:
             raise ConfigError("TrainingState.optimizer: this state has no optimizer")
         return next(iter(self.optimizers.values()))
 
-    def state_dict(self) -> dict[str, Any]:
-        """Return the whole state with every tensor on the CPU."""
-        return to_cpu(
-            {
-                "format": FORMAT,
-                "models": {k: m.state_dict() for k, m in self.models.items()},
-                "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
-                "schedulers": {k: s.state_dict() for k, s in self.schedulers.items()},
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "data": self.data.state_dict() if self.data is not None else None,
-                "counters": dataclasses.asdict(self.counters),
-                "extras": dict(self.extras),
-                "rng": capture_rng(),
-            }
-        )
+    def state_dict(self, *, into: StateBuffers | None = None) -> dict[str, Any]:
+        """Return the whole state with every tensor on the CPU.
+
+        ``into``: copy every tensor into these reused buffers (a snapshot that
+        training may run on from), instead of returning CPU tensors that may
+        be the live ones.
+        """
+        live = {
+            "format": FORMAT,
+            "models": {k: m.state_dict() for k, m in self.models.items()},
+            "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
+            "schedulers": {k: s.state_dict() for k, s in self.schedulers.items()},
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "data": self.data.state_dict() if self.data is not None else None,
+            "counters": dataclasses.asdict(self.counters),
+            "extras": dict(self.extras),
+            "rng": capture_rng(),
+        }
+        return into.copy(live) if into is not None else to_cpu(live)
 
     def load_state_dict(self, state: dict[str, Any], *, restore_rngs: bool = True) -> None:
         """Restore a state produced by :meth:`state_dict` (any device to any)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from abc import abstractmethod
 from typing import Any, ClassVar
@@ -16,7 +17,10 @@ from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.reuse import ReusableSlot, reusable_key
 from tunekit.rng import seed_everything
 from tunekit.state import TrainingState
+from tunekit.checkpoint import write_checkpoint
 from tunekit.trial_checkpoint import (
+    BackgroundSaves,
+    background_saves_enabled,
     confirm_remote_upload,
     local_request,
     prepare_restore,
@@ -25,9 +29,12 @@ from tunekit.trial_checkpoint import (
     save_again,
     save_in_place,
     save_trial_state,
+    trial_payload,
 )
 
 __all__ = ["TorchTrainable"]
+
+logger = logging.getLogger(__name__)
 
 
 class TorchTrainable(tune.Trainable):
@@ -60,13 +67,23 @@ class TorchTrainable(tune.Trainable):
     ``mutable_hyperparameters`` may change during a trial; override
     :meth:`apply_hyperparameters` for the extra ones.
 
-    One :meth:`save` per iteration: when Ray asks again for the same iteration
-    (say a PBT save and a ``checkpoint_frequency`` hit), or before anything
-    was trained since a restore, the answer is an empty result: nothing is
-    written, and Tune registers nothing (registering the checkpoint already
-    written a second time would let ``num_to_keep=1`` delete its directory,
-    as the "older" of two entries for it).
+    Saves are two-phase on local storage (``background_saves``, on by
+    default): :meth:`save` returns once the state is copied into reused CPU
+    buffers (pinned ones from a GPU), and a helper thread writes the
+    checkpoint while training goes on; at most one write is in flight, and
+    restore, ``reset_config`` and ``cleanup`` wait for it. The extra memory
+    is one copy of the state's tensors. See :mod:`tunekit.trial_checkpoint`
+    for what holds if the worker dies during such a write. Set
+    ``background_saves = False`` in a subclass, or ``TUNEKIT_BACKGROUND_SAVES=0``
+    in the workers' environment, to write before ``save`` returns.
+
+    When Ray asks again for the same iteration (say a PBT save and a
+    ``checkpoint_frequency`` hit), the second checkpoint is a directory of
+    hard links to the first one's files (:func:`~tunekit.trial_checkpoint.save_again`).
     """
+
+    #: Two-phase saves (see above); ``TUNEKIT_BACKGROUND_SAVES=0`` turns them off everywhere.
+    background_saves: ClassVar[bool] = True
 
     mutable_hyperparameters: ClassVar[tuple[str, ...]] = ()
     #: Config keys :meth:`build_reusable` depends on (``()``: on none).
@@ -150,12 +167,38 @@ class TorchTrainable(tune.Trainable):
 
     _metrics: dict[str, Any] | None = None
 
+    @property
+    def _saves(self) -> BackgroundSaves:
+        saves = self.__dict__.get("_background")
+        if saves is None:
+            saves = self.__dict__["_background"] = BackgroundSaves()
+        return saves
+
+    def _wait_for_saves(self) -> None:
+        if "_background" in self.__dict__:
+            self._saves.wait()
+
     @override
     def save(self, checkpoint_dir: str | None = None) -> Any:
         result = None
         if not checkpoint_dir and self._saved is not None and self._saved[0] == self.iteration:
+            self._wait_for_saves()
             result = save_again(self, self._saved[1])  # saved already at this iteration: links, no rewrite
-        if result is None and not checkpoint_dir:  # into local storage: write once, in place
+        if result is None and not checkpoint_dir and background_saves_enabled(type(self).background_saves):
+            saves = self._saves
+            saves.wait()  # the buffers are free again
+            sd, metadata = trial_payload(
+                self.state, config=self.config, mutable=self.mutable(),
+                trainable=f"{type(self).__module__}:{type(self).__qualname__}", metrics=self._metrics,
+                into=saves.buffers,
+            )
+
+            def write(directory: str) -> None:
+                saves.buffers.wait_copied()
+                write_checkpoint(directory, sd, metadata=metadata, durable=False)
+
+            result = save_in_place(self, write, background=saves)
+        elif result is None and not checkpoint_dir:  # into local storage: write once, in place
             self._durable = False
             try:
                 result = save_in_place(self, self.save_checkpoint)
@@ -184,6 +227,7 @@ class TorchTrainable(tune.Trainable):
 
     @override
     def restore(self, checkpoint_path: Any) -> None:
+        self._wait_for_saves()  # it may be this worker's own write in flight
         # A local checkpoint is verified while it loads (one pass over the bytes).
         request = local_request(checkpoint_path)
         if request is not None:
@@ -231,7 +275,13 @@ class TorchTrainable(tune.Trainable):
     @override
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         # Nothing of the previous trial survives but the declared reusable
-        # objects (kept only if their keys are unchanged): rebuild the state.
+        # objects (kept only if their keys are unchanged) and the save buffers
+        # (overwritten whole by the next save): rebuild the state. The
+        # previous trial's checkpoint write completes first.
+        try:
+            self._wait_for_saves()
+        except CheckpointError as exc:  # the previous trial's; it falls back to its kept checkpoint
+            logger.error("tunekit: %s", exc)
         self.__dict__.pop("state", None)
         self._metrics = None
         owner = f"{type(self).__name__}.reusable_keys"
@@ -245,9 +295,12 @@ class TorchTrainable(tune.Trainable):
 
     @override
     def cleanup(self) -> None:
-        # No wait for background fsyncs: the checkpoint is complete in the
-        # page cache and registered already; the fsync only narrows the window
-        # in which a machine crash could lose it, as it does while training.
+        # The checkpoint write in flight completes (Tune gives a stopping
+        # worker minutes); no wait for background fsyncs: the checkpoint is
+        # complete in the page cache and registered already; the fsync only
+        # narrows the window in which a machine crash could lose it.
+        if "_background" in self.__dict__:
+            self.__dict__.pop("_background").close()
         self.__dict__.pop("state", None)
         self._reusable_slot.clear()
         self.reusable = None

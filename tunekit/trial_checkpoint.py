@@ -2,7 +2,28 @@
 
 Saving to local storage goes through :func:`save_in_place`: the checkpoint is
 written once, in its final directory's parent, and renamed into place (Ray
-would write it to a temporary directory and copy it). Restoring a local
+would write it to a temporary directory and copy it).
+
+Two-phase saves (the default on local storage, see :class:`BackgroundSaves`):
+``save()`` returns once the state is copied into reused CPU buffers, and a
+helper thread writes the copy, renames it into place and lets it reach the
+disk. At most one such write is in flight per trial. Invariants (each proved
+by a test that SIGKILLs the worker inside the write):
+
+* Once a trial has one complete checkpoint, it always has one: before the
+  new checkpoint is announced to Tune (whose ``num_to_keep`` may then delete
+  the older one), the trial's newest complete checkpoint is kept as hard
+  links in ``.checkpoint_NNNNNN.kept`` beside it, removed once the new one
+  is complete. A trial's first checkpoint is written before it is announced
+  (there is nothing to keep yet), so a kill during it leaves Tune nothing
+  registered: the retry starts the trial afresh, as without a checkpoint.
+* A restore or PBT exploit that meets a checkpoint still being written
+  (its hidden ``.checkpoint_NNNNNN.partial-HOST-PID-*`` staging directory is
+  there, its writer alive) waits for it (``TUNEKIT_CHECKPOINT_WAIT_S``,
+  default 600 s, then a :class:`~tunekit.CheckpointError` naming it); if the
+  writer is gone it falls back at once to the newest complete checkpoint,
+  kept copies included. Nothing half-written is ever read: a checkpoint
+  directory appears only by a rename, after its manifest. Restoring a local
 checkpoint loads and verifies it in one pass (:func:`local_request`); otherwise,
 or when that finds damage, :func:`prepare_restore` runs: the checkpoint Tune asks
 for is fetched once (a local copy if it lives on remote storage) and verified
@@ -18,6 +39,8 @@ import os
 import posixpath
 import shutil
 import tempfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Mapping
 
 import pyarrow.fs as pafs
@@ -26,7 +49,14 @@ from ray import tune
 from tunekit import _ray
 from tunekit._ray import TrainingResult
 from tunekit.checkpoint import (
+    _KEPT,
+    _PARTIAL,
+    _STAGING,
+    MANIFEST_FILE,
     CheckpointReport,
+    _alive,
+    _staging_dirs,
+    _writer_id,
     confirm_upload,
     read_metadata,
     read_state,
@@ -35,23 +65,59 @@ from tunekit.checkpoint import (
     write_checkpoint,
 )
 from tunekit.device import trial_device
-from tunekit.errors import CheckpointError
+from tunekit.errors import CheckpointError, first_line
 from tunekit.experiment_dir import CHECKPOINT_DIR
 from tunekit.hparams import changed_hyperparameters
-from tunekit.state import TrainingState
+from tunekit.state import StateBuffers, TrainingState
 
 __all__ = [
+    "BackgroundSaves",
+    "await_write",
+    "background_saves_enabled",
     "confirm_remote_upload",
     "local_request",
     "prepare_restore",
     "remove_temps",
     "restore_trial_state",
     "save_again",
+    "commit_checkpoint",
+    "keep_newest_complete",
     "save_in_place",
     "save_trial_state",
+    "stage_checkpoint",
+    "trial_payload",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def trial_payload(
+    state: TrainingState,
+    *,
+    config: Mapping[str, Any],
+    mutable: tuple[str, ...],
+    trainable: str,
+    metrics: Mapping[str, Any] | None = None,
+    into: StateBuffers | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a checkpoint of ``state`` holds: ``(state dict, metadata)``.
+
+    ``into``: snapshot the tensors into these reused buffers (two-phase save).
+    """
+    sd = state.state_dict(into=into)
+    hparams = {k: config[k] for k in mutable if k in config}
+    sd["hparams"] = hparams
+    metadata = {
+        "iteration": state.counters.iteration,
+        "epoch": state.counters.epoch,
+        "trainable": trainable,
+        "config": dict(config),
+        "hparams": hparams,
+        "device": str(trial_device()),
+        "models": sorted(state.models),
+        "metrics": dict(metrics or {}),
+    }
+    return sd, metadata
 
 
 def save_trial_state(
@@ -70,27 +136,159 @@ def save_trial_state(
     metadata so the checkpoint says how good it is without ``result.json``.
     ``durable=False``: see :func:`tunekit.checkpoint.write_checkpoint`.
     """
-    sd = state.state_dict()
-    hparams = {k: config[k] for k in mutable if k in config}
-    sd["hparams"] = hparams
-    write_checkpoint(
-        directory,
-        sd,
-        metadata={
-            "iteration": state.counters.iteration,
-            "epoch": state.counters.epoch,
-            "trainable": trainable,
-            "config": dict(config),
-            "hparams": hparams,
-            "device": str(trial_device()),
-            "models": sorted(state.models),
-            "metrics": dict(metrics or {}),
-        },
-        durable=durable,
-    )
+    sd, metadata = trial_payload(state, config=config, mutable=mutable, trainable=trainable, metrics=metrics)
+    write_checkpoint(directory, sd, metadata=metadata, durable=durable)
 
 
-def save_in_place(trainable: tune.Trainable, write: Callable[[str], None]) -> TrainingResult | None:
+# -- two-phase saves --------------------------------------------------------------------
+
+#: Set to 0 (in the workers' environment) to make every save write before it returns.
+BACKGROUND_ENV = "TUNEKIT_BACKGROUND_SAVES"
+#: Seconds a restore waits for a checkpoint another live process is still writing.
+WAIT_ENV = "TUNEKIT_CHECKPOINT_WAIT_S"
+_WAIT_DEFAULT_S = 600.0
+_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-save")
+
+
+def background_saves_enabled(default: bool = True) -> bool:
+    """Whether saves go through :class:`BackgroundSaves` (``TUNEKIT_BACKGROUND_SAVES=0`` turns them off)."""
+    value = os.environ.get(BACKGROUND_ENV, "").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return False
+    return default
+
+
+class BackgroundSaves:
+    """One trial's checkpoint writes, off the training path: at most one in flight.
+
+    A save waits for the previous write (so :attr:`buffers` may be reused),
+    snapshots the state into :attr:`buffers` (``TrainingState.state_dict(into=...)``)
+    and hands the write of that snapshot to :func:`save_in_place`, which runs
+    it on a helper thread. The trainable calls :meth:`wait` before anything
+    that needs its checkpoints on storage (restore, reset, stop); a failed
+    write is raised there (or by the next save) as a :class:`~tunekit.CheckpointError`.
+    """
+
+    def __init__(self) -> None:
+        self.buffers = StateBuffers()
+        self._future: Future | None = None
+        self._target = ""
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is complete; raise its error."""
+        future, self._future = self._future, None
+        if future is None:
+            return
+        error = future.exception()
+        if error is not None:
+            raise CheckpointError(f"writing checkpoint {self._target} failed: {first_line(error)}") from error
+
+    def submit(self, target: str, job: Callable[[], None]) -> None:
+        self.wait()
+        self._target = target
+        self._future = _WRITER.submit(job)
+
+    def close(self) -> None:
+        """Wait for the write in flight, log (not raise) its error, free the buffers."""
+        try:
+            self.wait()
+        except CheckpointError as exc:
+            logger.error("tunekit: %s", exc)
+        self.buffers.clear()
+
+
+def await_write(path: str, *, timeout: float | None = None) -> None:
+    """If the local checkpoint ``path`` is still being written by a live process, wait for it.
+
+    Returns when its manifest is there, or when no live writer is left (the
+    caller then finds it missing and falls back).
+
+    Raises:
+        CheckpointError: still being written after ``timeout`` seconds
+            (default ``$TUNEKIT_CHECKPOINT_WAIT_S`` or 600).
+    """
+    limit = float(os.environ.get(WAIT_ENV, _WAIT_DEFAULT_S)) if timeout is None else timeout
+    parent, name = os.path.split(os.path.normpath(path))
+    start = time.monotonic()
+    delay = 0.005
+    while not os.path.exists(os.path.join(path, MANIFEST_FILE)):
+        try:
+            writers = [(h, p) for _, ckpt, h, p in _staging_dirs(parent) if ckpt == name and _alive(h, p)]
+        except FileNotFoundError:
+            return
+        if not writers:
+            return
+        waited = time.monotonic() - start
+        if waited > limit:
+            host, pid = writers[0]
+            raise CheckpointError(
+                f"checkpoint {path} is still being written (by process {pid} on {host}) after {waited:.0f} s; "
+                f"raise {WAIT_ENV} to wait longer"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+def keep_newest_complete(final: str) -> bool:
+    """Before ``final`` is announced: keep the trial's newest complete checkpoint as ``.checkpoint_N.kept``.
+
+    Hard links, so nothing is copied; Tune's ``num_to_keep`` may then delete
+    the real directory while ``final`` is still being written.
+
+    Returns:
+        Whether the trial has a complete checkpoint before ``final`` (kept now or already).
+    """
+    parent, name = os.path.split(final)
+    match = CHECKPOINT_DIR.match(name)
+    if match is None:
+        return False
+    below = int(match[1])
+    best: tuple[int, str, bool] | None = None
+    with os.scandir(parent) as entries:
+        for entry in entries:
+            m = CHECKPOINT_DIR.match(entry.name) or _KEPT.match(entry.name)
+            if not m or int(m[1]) >= below or not os.path.exists(os.path.join(entry.path, MANIFEST_FILE)):
+                continue
+            candidate = (int(m[1]), entry.path, entry.name.startswith("."))
+            if best is None or candidate[:1] > best[:1] or (candidate[0] == best[0] and candidate[2]):
+                best = candidate
+    if best is None:
+        return False  # nothing complete yet
+    if best[2]:
+        return True  # the newest complete one is a kept copy already
+    index, source, _ = best
+    kept = os.path.join(parent, f".{os.path.basename(source)}.kept")
+    if os.path.exists(kept):
+        return True
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(source)}.keeping-", dir=parent)
+    try:
+        _link_tree(source, staging)
+        if not os.path.exists(os.path.join(staging, MANIFEST_FILE)):
+            raise FileNotFoundError(source)  # deleted while it was linked: not a whole copy
+        os.rename(staging, kept)
+    except OSError:
+        # Ray deleted it meanwhile (then nothing complete is left to keep), or it was kept already.
+        shutil.rmtree(staging, ignore_errors=True)
+        return os.path.exists(kept)
+    return True
+
+
+def _tidy(parent: str, completed: int) -> None:
+    """After checkpoint ``completed`` is whole: drop kept copies before it and dead writers' leftovers."""
+    with os.scandir(parent) as entries:
+        names = [(e.name, e.path) for e in entries if e.name.startswith(".checkpoint_")]
+    for name, path in names:
+        kept = _KEPT.match(name)
+        staging = _STAGING.match(name)
+        if (kept and int(kept[1]) < completed) or ".keeping-" in name or (
+            staging and not _alive(staging["host"], int(staging["pid"] or 0))
+        ):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def save_in_place(
+    trainable: tune.Trainable, write: Callable[[str], None], *, background: BackgroundSaves | None = None
+) -> TrainingResult | None:
     """Save a class trainable's checkpoint straight into local storage.
 
     Does what ``Trainable.save`` does for a trial on local storage (next
@@ -101,6 +299,11 @@ def save_in_place(trainable: tune.Trainable, write: Callable[[str], None]) -> Tr
     helper thread (:func:`tunekit.checkpoint.sync_in_background`) while
     training goes on.
 
+    ``background``: run ``write`` (which must write a snapshot, not live
+    state) and the rename on the trial's helper thread, and return at once;
+    the trial's newest complete checkpoint is kept until the new one is whole
+    (see the module docstring).
+
     Returns:
         The result ``save()`` returns, or None when the trainable has no local
         storage (the caller then uses ``Trainable.save``).
@@ -109,9 +312,30 @@ def save_in_place(trainable: tune.Trainable, write: Callable[[str], None]) -> Tr
     if target is None:
         return None
     final, metrics = target
-    parent = os.path.dirname(final)
+    staging = stage_checkpoint(final)
+    if background is None:
+        commit_checkpoint(staging, final, write)
+    else:
+        background.wait()  # one write in flight; its tidying done before anything is kept
+        if keep_newest_complete(final):
+            background.submit(final, lambda: commit_checkpoint(staging, final, write))
+        else:
+            # The trial's first complete checkpoint is written before it is announced: a
+            # worker killed during that write leaves Tune nothing to restore but the
+            # trial's start, instead of a registered checkpoint that never was.
+            commit_checkpoint(staging, final, write)
+    return _ray.publish_local_checkpoint(trainable, final, metrics)
+
+
+def stage_checkpoint(final: str) -> str:
+    """Create the hidden staging directory a checkpoint is written in (named after its writer)."""
+    parent, name = os.path.split(final)
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(final)}.partial-", dir=parent)
+    return tempfile.mkdtemp(prefix=f".{name}{_PARTIAL}{_writer_id()}-", dir=parent)
+
+
+def commit_checkpoint(staging: str, final: str, write: Callable[[str], None]) -> None:
+    """Write into ``staging``, rename it to ``final``, fsync in the background, tidy the trial directory."""
     try:
         write(staging)
         if os.path.lexists(final):  # Ray would overwrite it too (a re-saved index)
@@ -121,7 +345,9 @@ def save_in_place(trainable: tune.Trainable, write: Callable[[str], None]) -> Tr
         shutil.rmtree(staging, ignore_errors=True)
         raise
     sync_in_background(final)
-    return _ray.publish_local_checkpoint(trainable, final, metrics)
+    parent, name = os.path.split(final)
+    if match := CHECKPOINT_DIR.match(name):
+        _tidy(parent, int(match[1]))
 
 
 def save_again(trainable: tune.Trainable, previous: Any) -> TrainingResult | None:
@@ -203,6 +429,7 @@ def _as_training_result(checkpoint: Any) -> TrainingResult:
 def _fetch(checkpoint: tune.Checkpoint, temps: list[str]) -> tuple[tune.Checkpoint, CheckpointReport]:
     """A local, verified view of ``checkpoint`` (downloaded once if remote)."""
     if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        await_write(checkpoint.path)
         return checkpoint, verify_checkpoint(checkpoint)
     if checkpoint.filesystem.get_file_info(checkpoint.path).type == pafs.FileType.NotFound:
         return checkpoint, CheckpointReport(checkpoint.path, "incomplete", ["directory is missing"])
@@ -225,12 +452,13 @@ def _other_checkpoints(checkpoint: tune.Checkpoint, *, newer_too: bool) -> list[
     fs, trial_dir = checkpoint.filesystem, posixpath.dirname(checkpoint.path.rstrip("/"))
     found = []
     for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
-        other = CHECKPOINT_DIR.match(info.base_name)
+        # Kept copies (two-phase saves) count, after a real directory of the same index.
+        other = CHECKPOINT_DIR.match(info.base_name) or _KEPT.match(info.base_name)
         if info.type == pafs.FileType.Directory and other and other[1] != match[1] and (
             newer_too or int(other[1]) < int(match[1])
         ):
-            found.append((int(other[1]), info.path))
-    return [tune.Checkpoint(path, filesystem=fs) for _, path in sorted(found, reverse=True)]
+            found.append((int(other[1]), not info.base_name.startswith("."), info.path))
+    return [tune.Checkpoint(path, filesystem=fs) for _, _, path in sorted(found, reverse=True)]
 
 
 def local_request(checkpoint: Any) -> TrainingResult | None:
@@ -242,8 +470,10 @@ def local_request(checkpoint: Any) -> TrainingResult | None:
     """
     requested = _as_training_result(checkpoint)
     ckpt = requested.checkpoint
-    if isinstance(ckpt.filesystem, pafs.LocalFileSystem) and os.path.isdir(ckpt.path):
-        return requested
+    if isinstance(ckpt.filesystem, pafs.LocalFileSystem):
+        await_write(ckpt.path)  # another worker may still be writing it (a PBT donor)
+        if os.path.isdir(ckpt.path):
+            return requested
     return None
 
 
@@ -264,6 +494,8 @@ def prepare_restore(checkpoint: Any) -> tuple[TrainingResult, list[str]]:
         local, report = _fetch(requested.checkpoint, temps)
         if report.ok:
             return TrainingResult(checkpoint=local, metrics=requested.metrics), temps
+        if report.status == "unsupported":  # not damaged: falling back would lose its progress
+            raise CheckpointError(f"cannot restore: checkpoint {report.describe()}")
         skipped = [report]
         # A checkpoint deleted meanwhile (Ray keeps only ``num_to_keep``; a PBT
         # donor may have moved on) is replaced by the trial's newest good one;

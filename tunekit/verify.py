@@ -10,10 +10,17 @@ Example:
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-from tunekit.checkpoint import CheckpointReport, is_tunekit_checkpoint, read_metadata, verify_checkpoint
+from tunekit.checkpoint import (
+    CheckpointReport,
+    is_tunekit_checkpoint,
+    leftovers,
+    read_metadata,
+    verify_checkpoint,
+)
 from tunekit.errors import CheckpointError
 from tunekit.experiment_dir import find_trials
 from tunekit.storage import Storage, resolve_storage
@@ -28,7 +35,7 @@ class CheckpointCheck:
     trial: str
     checkpoint: str
     iteration: int | None
-    status: Literal["good", "incomplete", "corrupt", "unverified"]
+    status: Literal["good", "incomplete", "corrupt", "unsupported", "unverified"]
     problems: tuple[str, ...] = ()
 
     @property
@@ -55,18 +62,24 @@ class ExperimentCheck:
 
     @property
     def ok(self) -> bool:
-        """True when no checkpoint is incomplete or corrupt."""
-        return not any(c.bad for c in self.checks)
+        """True when every checkpoint could be checked and none is incomplete or corrupt.
+
+        A checkpoint written by a newer tunekit (``unsupported``) is not
+        damaged, but this tunekit cannot vouch for it either.
+        """
+        return not any(c.bad or c.status == "unsupported" for c in self.checks)
 
     def counts(self) -> dict[str, int]:
-        out = {"good": 0, "incomplete": 0, "corrupt": 0, "unverified": 0}
+        out = {"good": 0, "incomplete": 0, "corrupt": 0, "unsupported": 0, "unverified": 0}
         for check in self.checks:
             out[check.status] += 1
         return out
 
     def summary(self) -> str:
         counts = self.counts()
-        parts = ", ".join(f"{n} {status}" for status, n in counts.items() if n or status != "unverified")
+        parts = ", ".join(
+            f"{n} {status}" for status, n in counts.items() if n or status not in ("unverified", "unsupported")
+        )
         return f"{len(self.checks)} checkpoints in {self.trials} trials: {parts}"
 
 
@@ -120,4 +133,27 @@ def verify_experiment(
         result.checks.append(check)
         if on_check is not None:
             on_check(check)
+    for trial in trials:  # what two-phase saves leave behind when a worker is killed mid-write
+        for check in _leftover_checks(trial):
+            result.checks.append(check)
+            if on_check is not None:
+                on_check(check)
     return result
+
+
+def _leftover_checks(trial: Any) -> list[CheckpointCheck]:
+    where = trial.location
+    out = []
+    for name, kind in leftovers(where.filesystem, where.path):
+        location = Storage(where.filesystem, posixpath.join(where.path, name), f"{where.uri.rstrip('/')}/{name}")
+        if kind == "kept":
+            report = verify_checkpoint(location)
+            out.append(CheckpointCheck(trial.name, name, _iteration(location), report.status,
+                                       (*report.problems, "kept while a newer checkpoint was written")))
+        elif kind == "writing":
+            out.append(CheckpointCheck(trial.name, name, None, "unverified",
+                                       ("being written by a live process",)))
+        else:
+            out.append(CheckpointCheck(trial.name, name, None, "incomplete", (
+                "an interrupted checkpoint write (its writer is gone; safe to delete)",)))
+    return out

@@ -7,6 +7,7 @@ import json
 import os
 import posixpath
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ def run_actor(cls, config, storage, trial, iterations, restore_from=None):
             ray.get(actor.restore.remote(restore_from))
         results = [ray.get(actor.train.remote()) for _ in range(iterations)]
         saved = ray.get(actor.save.remote())
+        ray.get(actor.stop.remote())  # as Tune ends a trial: the checkpoint write in flight completes
     finally:
         ray.kill(actor)
     return results, saved
@@ -112,15 +114,61 @@ def die_once(config: dict[str, Any], upcoming: int) -> None:
     driver cannot be aimed as well: with reused actors it can land while Tune
     pauses a trial or hands its worker to another one, a Ray race, README
     "Retries".)
+
+    With ``config["die_in_write"]`` set to a phase of a checkpoint write ("state": in the middle
+    of writing ``state.pt``; "manifest": every file written, the manifest not yet), the worker
+    dies instead inside a checkpoint write from iteration ``die_at`` on, on the helper thread
+    of a two-phase save: it holds the write at that phase until the trial's next training step
+    has started (Tune has registered the checkpoint being written, and ``num_to_keep`` deleted
+    the one before), then SIGKILLs itself, so the death meets Ray's train task in flight as
+    above. A write after which no step comes within a second (a pause, a stop) is let through.
+    ``config["die_after_step"] = False``: die at that phase at once (a write that is not in the
+    background, as on S3, where the save itself is Ray's task in flight).
     """
     marker, at = config.get("die_marker"), config.get("die_at")
-    if not marker or upcoming != at:
+    if not marker:
         return
+    _stepping.set()
+    if upcoming != at:
+        return
+    phase = config.get("die_in_write")
+    if phase:
+        import tunekit.checkpoint as checkpoint
+
+        wait_for_step = config.get("die_after_step", True)
+
+        def hook(reached: str) -> None:
+            if reached != phase or _saves[1] == _saves[0]:
+                return  # not the phase, or this write was let through already
+            _saves[1] = _saves[0]
+            if (not wait_for_step or _stepping.wait(timeout=1.0)) and _first_death(marker):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        checkpoint._on_write_phase = hook
+        return
+    if _first_death(marker):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+#: Set when a training step starts, cleared when a save starts (see :func:`die_once`).
+_stepping = threading.Event()
+#: [saves started, the save whose write the hook has seen]: one wait per write.
+_saves = [0, -1]
+
+
+def saving() -> None:
+    """Note that a save started: a write killed by :func:`die_once` waits for the next step."""
+    _stepping.clear()
+    _saves[0] += 1
+
+
+def _first_death(marker: str) -> bool:
+    """True the first time it is asked for ``marker`` (in any process): the marker file is created."""
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
-        return  # died once already (this is the retry, or another trial)
-    os.kill(os.getpid(), signal.SIGKILL)
+        return False  # died once already (this is the retry, or another trial)
+    return True
 
 
 class DyingDigits(DigitsTrainable):
@@ -129,6 +177,10 @@ class DyingDigits(DigitsTrainable):
     def train_iteration(self):
         die_once(self.config, self.state.counters.iteration + 1)
         return super().train_iteration()
+
+    def save(self, checkpoint_dir=None):
+        saving()
+        return super().save(checkpoint_dir)
 
 
 def dying_train_digits(config: dict[str, Any]) -> None:
@@ -148,7 +200,12 @@ def dying_train_digits(config: dict[str, Any]) -> None:
         api.train_steps = steps
 
 
-DyingTrainDigits = function_trainable(dying_train_digits, name="DyingTrainDigits")
+class DyingTrainDigits(function_trainable(dying_train_digits, name="DyingTrainDigits")):
+    """``train_digits`` as a function trainable that dies once as configured (see :func:`die_once`)."""
+
+    def save(self, checkpoint_dir=None):
+        saving()
+        return super().save(checkpoint_dir)
 
 
 class DamageAndKill(tune.Callback):

@@ -12,6 +12,8 @@ from ray import tune
 
 from tests.trainables.contract import (
     DamageAndKill,
+    DyingDigits,
+    DyingTrainDigits,
     KillActorOnce,
     checkpoint_iterations,
     make_actor,
@@ -119,6 +121,36 @@ def test_killed_worker_finishes_with_same_weights(ray_session, trainable, storag
     assert killed.metrics["accuracy"] == plain.metrics["accuracy"]
 
 
+def test_killed_inside_a_background_write_resumes_bit_exact(ray_session, trainable, storage, plain_run, tmp_path):
+    """SIGKILL inside the two-phase write of iteration 4's checkpoint, with num_to_keep=1.
+
+    Tune has registered the checkpoint being written and deleted the one of iteration 2; the
+    kept copy of that one is what the retry restores from, bit-exact. The class trainable dies
+    in the middle of writing state.pt, the function trainable with every file written but the
+    manifest (tests/tunekit/test_two_phase.py kills a writer at both points).
+    """
+    dying = {DigitsTrainable: DyingDigits, TrainDigits: DyingTrainDigits}[trainable]
+    phase = "state" if trainable is DigitsTrainable else "manifest"
+    died = tmp_path / "died"
+    config = {**CONFIG, "die_at": 4, "die_in_write": phase, "die_marker": str(died)}
+    killed = _fit(dying, storage, f"killwrite-{phase}", config=config, max_failures=2, num_to_keep=1, **PLAIN)[0]
+    assert died.exists()
+
+    df = killed.metrics_dataframe
+    pids = list(dict.fromkeys(df["pid"]))
+    assert len(pids) == 2, "the trial was not restarted in a new worker"
+    before, after = (list(df[df["pid"] == pid]["training_iteration"]) for pid in pids)
+    assert before[:4] == [1, 2, 3, 4] and after == list(range(3, 9)), (before, after)
+    trial = Path(killed.path)
+    assert worker_logs_mention(f"{trial.name}/.checkpoint_000000.kept (iteration 2)")
+    plain = plain_run(trainable)
+    a, b = read_state(plain.checkpoint.path), read_state(killed.checkpoint.path)
+    assert tensors_equal(a["models"], b["models"]) == [] and tensors_equal(a["optimizers"], b["optimizers"]) == []
+    # Nothing is left over: one checkpoint (num_to_keep=1), whole; no kept copy, no staging directory.
+    assert sorted(p.name for p in trial.iterdir() if p.is_dir()) == [Path(killed.checkpoint.path).name]
+    assert verify_checkpoint(killed.checkpoint.path).ok
+
+
 def test_damaged_checkpoint_falls_back_to_newest_good_one(ray_session, trainable, storage, plain_run):
     kwargs = PLAIN
     plain = plain_run(trainable)
@@ -148,6 +180,22 @@ def test_damaged_checkpoint_on_s3_falls_back(ray_session, trainable, s3_bucket):
     assert [seen.count(i) for i in (1, 2, 3, 4)] == [1, 1, 2, 2] and set(seen) == set(range(1, 7))
     assert worker_logs_mention("s3fallback/") and worker_logs_mention("restoring from " + s3_bucket.name)
     assert read_state(restored.checkpoint)["counters"]["iteration"] == 6
+
+
+def test_killed_inside_a_checkpoint_write_on_s3_resumes_bit_exact(ray_session, trainable, s3_bucket, plain_run,
+                                                                   tmp_path):
+    """On S3 a save is written and uploaded before it returns: a kill inside it registers nothing."""
+    dying = {DigitsTrainable: DyingDigits, TrainDigits: DyingTrainDigits}[trainable]
+    died = tmp_path / "died"
+    config = {**CONFIG, "die_at": 4, "die_in_write": "state", "die_after_step": False, "die_marker": str(died)}
+    killed = _fit(dying, s3_bucket.uri("runs"), "s3killwrite", config=config, max_failures=2, num_to_keep=1,
+                  **PLAIN)[0]
+    assert died.exists()
+    seen = killed.metrics_dataframe["training_iteration"].tolist()
+    assert [seen.count(i) for i in range(1, 9)] == [1, 1, 2, 2, 1, 1, 1, 1], seen  # resumed from iteration 2
+    plain = plain_run(trainable)
+    a, b = read_state(plain.checkpoint.path), read_state(killed.checkpoint)
+    assert tensors_equal(a["models"], b["models"]) == [] and tensors_equal(a["optimizers"], b["optimizers"]) == []
 
 
 def test_no_good_checkpoint_to_fall_back_to_fails_clearly(ray_session, trainable, storage):

@@ -49,17 +49,22 @@ def test_toy_problem_of_the_pbt_paper(ray_session, storage):
 
 @pytest.mark.parametrize("trainable", [DyingDigits, DyingTrainDigits], ids=["class", "function"])
 def test_frequent_perturbation_with_one_checkpoint_kept_never_errors(ray_session, storage, tmp_path, trainable):
-    setup = pbt_setup(trainable, metric="accuracy", mode="max", perturbation_interval=1,
+    setup = pbt_setup(trainable, metric="accuracy", mode="max", perturbation_interval=2,
                       mutations={"lr": tune.loguniform(1e-3, 0.5)}, num_to_keep=1, quantile_fraction=0.5)
-    died = tmp_path / "died"  # one worker dies (SIGKILL) mid-run too, as it starts an iteration 4
+    # A checkpoint every iteration (perturbations every 2: PBT's save and the frequency save
+    # meet at even iterations). One worker dies (SIGKILL) mid-run too: inside the background
+    # write of a checkpoint from iteration 4 on, once Tune has registered it (num_to_keep=1
+    # deleted the one before) and the trial's next step has started; exploits go on around it.
+    checkpoint_config = tune.CheckpointConfig(checkpoint_frequency=1, checkpoint_at_end=True, num_to_keep=1)
+    died = tmp_path / "died"
     grid = tune.Tuner(
         trainable,
         param_space={"hidden_size": 16, "steps_per_iteration": 3, "seed": tune.grid_search([1, 2, 3, 4]),
-                     "die_at": 4, "die_marker": str(died)},
+                     "die_at": 4, "die_in_write": "state", "die_marker": str(died)},
         tune_config=tune.TuneConfig(**setup.tune_config_kwargs()),
         run_config=tune.RunConfig(
             name="keep1", storage_path=str(storage), stop={"training_iteration": 6},
-            checkpoint_config=setup.checkpoint_config,
+            checkpoint_config=checkpoint_config,
             failure_config=tune.FailureConfig(max_failures=5), verbose=0,
         ),
     ).fit()

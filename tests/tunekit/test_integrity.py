@@ -192,3 +192,70 @@ def test_in_place_save_leaves_only_committed_checkpoints(ray_session, storage):
     assert all(verify_checkpoint(str(trial_dir / n)).status == "good" for n in names)
     restored = read_state(str(trial_dir / names[-1]))
     assert restored["counters"]["iteration"] == 4
+
+
+# -- manifest formats: v2 (the previous release) still verifies; a newer one is "unsupported" -------
+
+V2_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "v2_checkpoint"
+
+
+def test_checkpoint_of_the_previous_release_verifies_and_restores(place):
+    from tests.fixtures.make_v2_checkpoint import fixture_state
+    from tunekit import TrainingState
+
+    assert b'"format":"tunekit-manifest/2"' in (V2_FIXTURE / MANIFEST_FILE).read_bytes()
+    where = place(V2_FIXTURE)
+    assert verify_checkpoint(where).status == "good"
+    expected = fixture_state()
+    # Restore into a fresh state of the same shape (other weights): it must become the saved one.
+    target = fixture_state()
+    torch.nn.init.zeros_(target.models["model"].weight)
+    TrainingState.load_state_dict(target, read_state(where))
+    for name, value in expected.models["model"].state_dict().items():
+        assert torch.equal(target.models["model"].state_dict()[name], value), name
+    moments = [
+        [v["momentum_buffer"] for v in s.optimizers["sgd"].state_dict()["state"].values()] for s in (target, expected)
+    ]
+    assert len(moments[0]) == 2 and all(torch.equal(a, b) for a, b in zip(*moments))
+    assert target.counters.iteration == 3
+    # A flipped byte in a v2 checkpoint is still found (by SHA-256, as that release wrote it).
+    flip_byte(where.filesystem, where.path, "state.pt")
+    report = verify_checkpoint(where)
+    assert report.status == "corrupt" and "state.pt: SHA-256 differs" in report.describe()
+
+
+def _as_newer_format(directory: Path, version: int) -> None:
+    """Rewrite a checkpoint's manifest as a (hypothetical) newer tunekit would: another format version."""
+    import json
+
+    manifest = json.loads((directory / MANIFEST_FILE).read_bytes())
+    manifest["format"] = f"tunekit-manifest/{version}"
+    manifest["files"] = {k: {"size": v["size"], "sha3_512": "0" * 128} for k, v in manifest["files"].items()}
+    (directory / MANIFEST_FILE).write_bytes(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
+
+
+def test_a_newer_manifest_format_is_unsupported_not_corrupt(pristine, tmp_path, capsys):
+    from tunekit.cli import main
+    from tunekit.trial_checkpoint import prepare_restore
+
+    trial = tmp_path / "exp" / "trial_0"
+    older, newer = trial / "checkpoint_000000", trial / "checkpoint_000001"
+    shutil.copytree(pristine, older)
+    shutil.copytree(pristine, newer)
+    (trial / "result.json").write_text("{}\n")
+    _as_newer_format(newer, 4)
+    report = verify_checkpoint(str(newer))
+    assert report.status == "unsupported", report
+    assert "newer tunekit" in report.describe() and "tunekit-manifest/4" in report.describe()
+    with pytest.raises(CheckpointError, match="newer tunekit") as info:
+        read_state(str(newer))
+    assert len(str(info.value).splitlines()) == 1
+    # Restore does not silently fall back to the older checkpoint: the newer one is not damaged.
+    with pytest.raises(CheckpointError, match="newer tunekit"):
+        prepare_restore(str(newer))
+    assert main(["verify", str(tmp_path / "exp")]) == 1
+    out = capsys.readouterr().out
+    assert "checkpoint_000001" in out and "unsupported: written by a newer tunekit" in out
+    assert "1 good, 0 incomplete, 0 corrupt, 1 unsupported" in out
+    assert main(["status", str(tmp_path / "exp")]) == 0
+    assert "checkpoint_000001 is unsupported: written by a newer tunekit" in capsys.readouterr().out

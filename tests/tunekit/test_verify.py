@@ -63,7 +63,7 @@ def test_verify_reports_every_checkpoint_and_exit_codes(ray_session, base, capsy
     assert main(["verify", exp]) == 1
     lines = capsys.readouterr().out.splitlines()
     bad = [line for line in lines if "good" not in line.split()[-1:] and "checkpoint_" in line]
-    assert any(first.name in l and "checkpoint_000001" in l and "corrupt: state.pt: SHA-256" in l for l in bad)
+    assert any(first.name in l and "checkpoint_000001" in l and "corrupt: state.pt: XXH3-128 differs" in l for l in bad)
     assert any(second.name in l and "checkpoint_000000" in l and "incomplete: no manifest.json" in l for l in bad)
 
     assert main(["verify", exp, "--json"]) == 1

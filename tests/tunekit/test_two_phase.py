@@ -1,0 +1,140 @@
+"""Two-phase saves: what a restore meets while a checkpoint is written, or after its writer was killed.
+
+Real processes: a writer process stages and writes a checkpoint the way a
+trial's helper thread does (``stage_checkpoint``, ``keep_newest_complete``,
+``commit_checkpoint``) and is held inside the write; the test reads, waits,
+times out, or SIGKILLs it. The end-to-end kills (inside a trial's background
+write, with ``num_to_keep=1`` and PBT) are in ``tests/trainables``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+import torch
+
+from tunekit import CheckpointError, read_state, verify_checkpoint, write_checkpoint
+from tunekit.checkpoint import leftovers
+from tunekit.state import StateBuffers, TrainingState
+from tunekit.trial_checkpoint import await_write, local_request, prepare_restore
+
+WRITER = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch
+    import tunekit.checkpoint as checkpoint
+    from tunekit.trial_checkpoint import commit_checkpoint, keep_newest_complete, stage_checkpoint
+
+    final, hold_at, go = sys.argv[1], sys.argv[2], sys.argv[3]
+
+    def hold(phase):
+        if phase == hold_at:
+            open(go + ".held", "w").close()  # tell the test where the writer is
+            while not os.path.exists(go):
+                time.sleep(0.01)
+
+    staging = stage_checkpoint(final)
+    keep_newest_complete(final)
+    checkpoint._on_write_phase = hold
+    state = {"w": torch.arange(1000, dtype=torch.float32)}
+    commit_checkpoint(staging, final, lambda d: checkpoint.write_checkpoint(d, state, metadata={"iteration": 4},
+                                                                            durable=False))
+    """
+)
+
+
+@pytest.fixture
+def trial_dir(tmp_path) -> Path:
+    """A trial directory with one complete checkpoint (iteration 2) and Ray's trial files."""
+    trial = tmp_path / "exp" / "trial_0"
+    write_checkpoint(trial / "checkpoint_000000", {"w": torch.zeros(1000)}, metadata={"iteration": 2})
+    (trial / "result.json").write_text(json.dumps({"training_iteration": 2}) + "\n")
+    return trial
+
+
+def _start_writer(trial: Path, hold_at: str) -> tuple[subprocess.Popen, Path]:
+    go = trial.parent / f"go-{hold_at}"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(trial / "checkpoint_000001"), hold_at, str(go)])
+    deadline = time.monotonic() + 120
+    while not Path(str(go) + ".held").exists():
+        assert proc.poll() is None, "the writer process ended early"
+        assert time.monotonic() < deadline, "the writer never reached its hold point"
+        time.sleep(0.02)
+    return proc, go
+
+
+def test_restore_waits_for_a_checkpoint_still_being_written(trial_dir):
+    writer, go = _start_writer(trial_dir, "manifest")  # every file written, manifest not yet
+    final = trial_dir / "checkpoint_000001"
+    try:
+        assert not final.exists() and any(name.startswith(".checkpoint_000001.partial-") for name in os.listdir(trial_dir))
+        with pytest.raises(CheckpointError, match=r"checkpoint .*checkpoint_000001 is still being written \(by process"):
+            await_write(str(final), timeout=0.2)
+        threading.Timer(0.5, go.touch).start()
+        started = time.monotonic()
+        request = local_request(str(final))  # what a restore (or a PBT exploit of this donor) calls first
+        waited = time.monotonic() - started
+    finally:
+        go.touch()
+        writer.wait(timeout=60)
+    assert request is not None and waited > 0.3
+    assert verify_checkpoint(str(final)).ok and read_state(str(final))["w"][999] == 999
+    # Once the new checkpoint is whole, the kept copy of the older one is gone; nothing else is left over.
+    assert leftovers(pafs.LocalFileSystem(), str(trial_dir)) == []
+
+
+@pytest.mark.parametrize("phase", ["state", "manifest"])
+def test_a_writer_killed_mid_write_leaves_a_complete_checkpoint_to_restore(trial_dir, phase, capsys):
+    from tunekit.cli import main
+
+    writer, go = _start_writer(trial_dir, phase)
+    # What Tune's num_to_keep=1 does once the new checkpoint is announced: delete the older one.
+    shutil.rmtree(trial_dir / "checkpoint_000000")
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.wait(timeout=60)
+    found = dict(leftovers(pafs.LocalFileSystem(), str(trial_dir)))
+    assert found == {".checkpoint_000000.kept": "kept", next(n for n in found if ".partial-" in n): "interrupted"}
+    # `tunekit verify` says what the kill left: the interrupted write, and the complete kept copy.
+    assert main(["verify", str(trial_dir.parent)]) == 1
+    out = capsys.readouterr().out
+    assert ".checkpoint_000000.kept  iter     2  good" in out
+    assert "incomplete: an interrupted checkpoint write" in out
+    # Restoring what Tune registered last (the interrupted one) does not wait for a dead writer:
+    # it falls back at once to the newest complete checkpoint, the kept copy.
+    started = time.monotonic()
+    result, temps = prepare_restore(str(trial_dir / "checkpoint_000001"))
+    assert time.monotonic() - started < 30  # not the 600 s wait for a live writer
+    assert Path(result.checkpoint.path).name == ".checkpoint_000000.kept" and not temps
+    assert result.metrics["training_iteration"] == 2
+    assert torch.equal(read_state(result.checkpoint.path)["w"], torch.zeros(1000))
+
+
+def test_state_buffers_are_a_snapshot_and_are_reused():
+    model = torch.nn.Linear(64, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = TrainingState(models={"model": model}, optimizers={"sgd": optimizer})
+    buffers = StateBuffers()
+    first = state.state_dict(into=buffers)
+    before = first["models"]["model"]["weight"].clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)  # training goes on: the snapshot must not move
+    assert torch.equal(first["models"]["model"]["weight"], before)
+    assert first["models"]["model"]["weight"].data_ptr() != model.weight.data_ptr()
+    pointer, nbytes = first["models"]["model"]["weight"].data_ptr(), buffers.nbytes
+    second = state.state_dict(into=buffers)
+    assert second["models"]["model"]["weight"].data_ptr() == pointer and buffers.nbytes == nbytes  # reused
+    assert torch.equal(second["models"]["model"]["weight"], model.weight.detach())
+    assert nbytes >= sum(p.numel() * 4 for p in model.parameters())
+    # The snapshot saves and restores like the live state.
+    assert set(second) == set(state.state_dict()) and second["counters"] == state.state_dict()["counters"]
