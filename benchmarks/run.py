@@ -60,16 +60,8 @@ GIB = 1 << 30
 
 
 # -- overhead ---------------------------------------------------------------
-class PlainDigits(tune.Trainable):
-    """The plain Ray Tune baseline: same model, data and steps; torch.save checkpoints."""
-
-    def setup(self, config: dict[str, Any]) -> None:
-        torch.manual_seed(config.get("seed", 0))
-        self.state = build_digits_state(config, torch.device("cpu"))
-
-    def step(self) -> dict[str, Any]:
-        train_loss = train_steps(self.state, self.config.get("steps_per_iteration"))
-        return {"train_loss": train_loss, **evaluate(self.state.model, torch.device("cpu"))}
+class _TorchSaveCheckpoints:
+    """A plain trainable's checkpoints: ``torch.save`` of model + optimizer, ``torch.load`` back."""
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         torch.save({"model": self.state.model.state_dict(), "optimizer": self.state.optimizer.state_dict()},
@@ -79,6 +71,18 @@ class PlainDigits(tune.Trainable):
         sd = torch.load(os.path.join(checkpoint_dir, "model.pt"), weights_only=True)
         self.state.model.load_state_dict(sd["model"])
         self.state.optimizer.load_state_dict(sd["optimizer"])
+
+
+class PlainDigits(_TorchSaveCheckpoints, tune.Trainable):
+    """The plain Ray Tune baseline: same model, data and steps; torch.save checkpoints."""
+
+    def setup(self, config: dict[str, Any]) -> None:
+        torch.manual_seed(config.get("seed", 0))
+        self.state = build_digits_state(config, torch.device("cpu"))
+
+    def step(self) -> dict[str, Any]:
+        train_loss = train_steps(self.state, self.config.get("steps_per_iteration"))
+        return {"train_loss": train_loss, **evaluate(self.state.model, torch.device("cpu"))}
 
 
 def _sweep(root: str, name: str, tunekit_side: bool, *, trials: int, iterations: int, every: int,
@@ -296,7 +300,7 @@ class BigStateTrain(_Compute, BigState):
         return {"loss": 0.0}
 
 
-class PlainBigState(_Compute, tune.Trainable):
+class PlainBigState(_Compute, _TorchSaveCheckpoints, tune.Trainable):
     """The plain anchor: the same state and compute, ``torch.save`` of model + optimizer."""
 
     def setup(self, config: dict[str, Any]) -> None:
@@ -305,15 +309,6 @@ class PlainBigState(_Compute, tune.Trainable):
     def step(self) -> dict[str, Any]:
         self._work(self.config)
         return {"loss": 0.0}
-
-    def save_checkpoint(self, checkpoint_dir: str) -> None:
-        torch.save({"model": self.state.model.state_dict(), "optimizer": self.state.optimizer.state_dict()},
-                   os.path.join(checkpoint_dir, "model.pt"))
-
-    def load_checkpoint(self, checkpoint_dir: str) -> None:
-        sd = torch.load(os.path.join(checkpoint_dir, "model.pt"), weights_only=True)
-        self.state.model.load_state_dict(sd["model"])
-        self.state.optimizer.load_state_dict(sd["optimizer"])
 
 
 def _ckpt_sweep(root: str, name: str, trainable: type, every: int | None, args: argparse.Namespace) -> float:

@@ -108,6 +108,14 @@ def trainable_storage(trainable: tune.Trainable) -> Any:
     return getattr(trainable, "_storage", None)
 
 
+def has_local_storage(trainable: tune.Trainable) -> bool:
+    """Whether the trial's storage is the local filesystem (False outside Tune)."""
+    import pyarrow.fs as pafs
+
+    storage = trainable_storage(trainable)
+    return storage is not None and type(storage.storage_filesystem) is pafs.LocalFileSystem
+
+
 def next_local_checkpoint(trainable: tune.Trainable) -> tuple[str, dict[str, Any]] | None:
     """The next checkpoint's final directory when the trial's storage is local.
 
@@ -115,11 +123,9 @@ def next_local_checkpoint(trainable: tune.Trainable) -> tuple[str, dict[str, Any
     Returns ``(directory, metrics)``, or None when the trial has no storage or
     the storage is not the local filesystem.
     """
-    import pyarrow.fs as pafs
-
-    storage = trainable_storage(trainable)
-    if storage is None or type(storage.storage_filesystem) is not pafs.LocalFileSystem:
+    if not has_local_storage(trainable):
         return None
+    storage = trainable_storage(trainable)
     metrics = last_result(trainable)
     storage._update_checkpoint_index(metrics)
     storage._check_validation_file()

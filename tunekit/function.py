@@ -231,7 +231,7 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         elif reported is not None and reported.checkpoint is not None:
             reported.metrics.update(metrics)
             result = reported
-        elif self._tunekit_payload is not None and not checkpoint_dir and background_saves_enabled() and (
+        elif self._tunekit_payload is not None and not checkpoint_dir and background_saves_enabled(self) and (
             (result := self._save_in_background()) is not None
         ):
             pass  # two-phase: a snapshot now, written on the helper thread

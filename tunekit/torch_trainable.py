@@ -184,7 +184,7 @@ class TorchTrainable(tune.Trainable):
         if not checkpoint_dir and self._saved is not None and self._saved[0] == self.iteration:
             self._wait_for_saves()
             result = save_again(self, self._saved[1])  # saved already at this iteration: links, no rewrite
-        if result is None and not checkpoint_dir and background_saves_enabled(type(self).background_saves):
+        if result is None and not checkpoint_dir and background_saves_enabled(self, type(self).background_saves):
             saves = self._saves
             saves.wait()  # the buffers are free again
             sd, metadata = trial_payload(

@@ -150,12 +150,16 @@ _WAIT_DEFAULT_S = 600.0
 _WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-save")
 
 
-def background_saves_enabled(default: bool = True) -> bool:
-    """Whether saves go through :class:`BackgroundSaves` (``TUNEKIT_BACKGROUND_SAVES=0`` turns them off)."""
+def background_saves_enabled(trainable: tune.Trainable, default: bool = True) -> bool:
+    """Whether ``trainable`` saves through :class:`BackgroundSaves`.
+
+    Only on local storage (elsewhere a save is written and uploaded before it
+    returns), and not with ``TUNEKIT_BACKGROUND_SAVES=0``.
+    """
     value = os.environ.get(BACKGROUND_ENV, "").strip().lower()
     if value in ("0", "false", "no", "off"):
         return False
-    return default
+    return default and _ray.has_local_storage(trainable)
 
 
 class BackgroundSaves:

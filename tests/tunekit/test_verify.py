@@ -68,7 +68,7 @@ def test_verify_reports_every_checkpoint_and_exit_codes(ray_session, base, capsy
 
     assert main(["verify", exp, "--json"]) == 1
     payload = json.loads(capsys.readouterr().out)
-    assert payload["counts"] == {"good": 4, "incomplete": 1, "corrupt": 1, "unverified": 0}
+    assert payload["counts"] == {"good": 4, "incomplete": 1, "corrupt": 1, "unsupported": 0, "unverified": 0}
     assert not payload["ok"] and {c["iteration"] for c in payload["checkpoints"]} == {1, 2, 3}
 
     # Results and checkpoints read back from the storage, through Ray and tunekit.
