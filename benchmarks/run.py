@@ -235,14 +235,20 @@ def _save_restore_integrity(args: argparse.Namespace, root: str, which: set[str]
             f"  extra memory: the snapshot buffers   {trainable._saves.buffers.nbytes / GIB:8.2f} GiB "
             f"({trainable._saves.buffers.nbytes / nbytes:.2f}x the tensors' bytes)",
         ]
-        raw_durable = _best(lambda: _fsynced_torch_save(sd, raw_path), args.repeat)
-        durable_dir = os.path.join(root, "durable")
-
-        def tk_durable() -> None:
-            shutil.rmtree(durable_dir, ignore_errors=True)
-            save_trial_state(durable_dir, trainable.state, config={}, mutable=(), trainable="bench", durable=True)
-
-        tk_durable_time = _best(tk_durable, args.repeat)
+        # Each durable write goes to a new file (deleting the old one is not timed, for either side).
+        raw_times, tk_times = [], []
+        for i in range(args.repeat):
+            for times, write in ((raw_times, lambda d: _fsynced_torch_save(sd, os.path.join(d, "raw.pt"))),
+                                 (tk_times, lambda d: save_trial_state(d, trainable.state, config={}, mutable=(),
+                                                                       trainable="bench", durable=True))):
+                directory = os.path.join(root, f"durable-{len(times)}-{id(times)}")
+                os.makedirs(directory)
+                _drop_caches_hint()
+                t0 = time.perf_counter()
+                write(directory)
+                times.append(time.perf_counter() - t0)
+                shutil.rmtree(directory)
+        raw_durable, tk_durable_time = min(raw_times), min(tk_times)
         lines += [
             f"  raw torch.save + fsync               {raw_durable:8.2f} s",
             f"  tunekit durable save (all fsynced)   {tk_durable_time:8.2f} s",
@@ -280,18 +286,28 @@ def _save_restore_integrity(args: argparse.Namespace, root: str, which: set[str]
 
 # -- sweep: checkpoint every iteration, against a plain Ray trainable --------
 class _Compute:
-    """About ``config['work']`` seconds of single-threaded matmuls per iteration (the 'training')."""
+    """``config['reps']`` 512x512 matmuls per iteration (the 'training'; the same work on both sides)."""
 
     def _work(self, config: dict[str, Any]) -> None:
-        torch.manual_seed(0)
         if not hasattr(self, "_m"):
+            torch.manual_seed(0)
             self._m = torch.randn(512, 512)
-            t0 = time.perf_counter()
-            for _ in range(10):
-                self._m @ self._m
-            self._reps = max(1, int(config["work"] / ((time.perf_counter() - t0) / 10)))
-        for _ in range(self._reps):
+        for _ in range(config["reps"]):
             self._m @ self._m
+
+
+def _reps_for(seconds: float) -> int:
+    """How many 512x512 matmuls take ``seconds`` on one thread here (measured once, in the driver)."""
+    m = torch.randn(512, 512)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # Ray's workers run one thread per CPU they hold
+    try:
+        t0 = time.perf_counter()
+        for _ in range(50):
+            m @ m
+        return max(1, int(seconds / ((time.perf_counter() - t0) / 50)))
+    finally:
+        torch.set_num_threads(threads)
 
 
 class BigStateTrain(_Compute, BigState):
@@ -316,7 +332,7 @@ def _ckpt_sweep(root: str, name: str, trainable: type, every: int | None, args: 
     t0 = time.perf_counter()
     grid = tune.Tuner(
         trainable,
-        param_space={"gib": args.sweep_gib, "work": args.sweep_work},
+        param_space={"gib": args.sweep_gib, "reps": args.reps},
         run_config=tune.RunConfig(name=name, storage_path=root, stop={"training_iteration": args.sweep_iterations},
                                   checkpoint_config=ckpt, verbose=0),
     ).fit()
@@ -327,6 +343,7 @@ def _ckpt_sweep(root: str, name: str, trainable: type, every: int | None, args: 
 
 
 def sweep(args: argparse.Namespace, root: str) -> list[str]:
+    args.reps = _reps_for(args.sweep_work)
     walls: dict[tuple[str, bool], list[float]] = {}
     for i in range(args.repeat):
         for label, cls in (("plain", PlainBigState), ("tunekit", BigStateTrain)):
