@@ -26,7 +26,12 @@ Semantics, compared with the class API (:class:`~tunekit.TorchTrainable`):
 * The training code asks with ``session.report(metrics, checkpoint=True)``:
   the checkpoint is reported with those metrics - same as a class trainable's
   ``should_checkpoint`` in its result.
-* Never two checkpoints of one iteration.
+* One iteration is written once: a second save of it (PBT's save and the
+  frequency at one result) is a checkpoint of hard links to the first -
+  same.
+* On local storage a save returns after an in-memory snapshot of the state
+  and the checkpoint is written on a helper thread (two-phase saves, see
+  :mod:`tunekit.trial_checkpoint`) - same.
 * Without the wrapper (a plain function given to Tune) only checkpoints the
   training code asks for are taken; Ray refuses frequency and at-end then.
 """
