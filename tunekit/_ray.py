@@ -116,6 +116,11 @@ def has_local_storage(trainable: tune.Trainable) -> bool:
     return storage is not None and type(storage.storage_filesystem) is pafs.LocalFileSystem
 
 
+def local_trial_dir(trainable: tune.Trainable) -> str | None:
+    """The trial's directory when its storage is local (None otherwise, or outside Tune)."""
+    return trainable_storage(trainable).trial_fs_path if has_local_storage(trainable) else None
+
+
 def next_local_checkpoint(trainable: tune.Trainable) -> tuple[str, dict[str, Any]] | None:
     """The next checkpoint's final directory when the trial's storage is local.
 

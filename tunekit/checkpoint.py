@@ -229,7 +229,20 @@ def _json_safe(value: Any) -> Any:
 # Verification on restore and background fsync run on helper threads: the
 # hashes and file I/O release the GIL, so verifying overlaps ``torch.load``.
 _HELPERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tunekit-hash")
-_SYNCER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-fsync")
+#: Write and fsync helper threads' CPU priority (nice) below the training thread's: on a busy machine a
+#: background write takes spare cycles and training keeps its own.
+_WRITER_NICE = 10
+
+
+def _lower_priority() -> None:
+    """Run this helper thread at a lower CPU priority than training (Linux: per thread)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _WRITER_NICE)
+    except (AttributeError, OSError):  # no per-thread priorities here; the write still runs
+        pass
+
+
+_SYNCER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-fsync", initializer=_lower_priority)
 _pending_syncs: list[Future] = []
 _pending_lock = threading.Lock()
 
@@ -412,14 +425,14 @@ def _alive(host: str | None, pid: int) -> bool:
         return True
 
 
-def _staging_dirs(parent: str) -> list[tuple[str, str, str | None, int]]:
-    """``(name, checkpoint name, host, pid)`` of every staging directory in a trial directory."""
+def _staging_dirs(parent: str) -> list[tuple[str, str | None, int]]:
+    """``(checkpoint name, host, pid)`` of every staging directory in a trial directory."""
     out = []
     with os.scandir(parent) as entries:
         for entry in entries:
             m = _STAGING.match(entry.name)
             if m and entry.is_dir():
-                out.append((entry.name, m[1], m["host"], int(m["pid"] or 0)))
+                out.append((m[1], m["host"], int(m["pid"] or 0)))
     return out
 
 

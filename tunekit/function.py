@@ -50,7 +50,6 @@ from ray.tune.result import RESULT_DUPLICATE
 from typing_extensions import override
 
 from tunekit import _ray
-from tunekit.checkpoint import write_checkpoint
 from tunekit.errors import CheckpointError, ConfigError, ConfigTypeError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.state import TrainingState
@@ -63,6 +62,7 @@ from tunekit.trial_checkpoint import (
     restore_trial_state,
     save_again,
     save_in_place,
+    save_snapshot,
     save_trial_state,
     trial_payload,
 )
@@ -261,16 +261,9 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
     def _save_in_background(self) -> Any:
         if self._tunekit_saves is None:
             self._tunekit_saves = BackgroundSaves()
-        saves = self._tunekit_saves
-        saves.wait()
+        payload = self._tunekit_payload
         # The training function is paused at its report: the state is consistent.
-        sd, metadata = self._tunekit_payload(into=saves.buffers)
-
-        def write(directory: str) -> None:
-            saves.buffers.wait_copied()
-            write_checkpoint(directory, sd, metadata=metadata, durable=False)
-
-        return save_in_place(self, write, background=saves)
+        return save_snapshot(self, self._tunekit_saves, lambda buffers: payload(into=buffers))
 
     def _wait_for_saves(self) -> None:
         if self._tunekit_saves is not None:
@@ -284,11 +277,14 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         # local; the session reads it when the training function starts.
         self._wait_for_saves()
         remove_temps(self._tunekit_temps or [])
-        checkpoint_path, self._tunekit_temps = prepare_restore(checkpoint_path)
-        self._tunekit_verified = checkpoint_path.checkpoint.path
-        _ray.set_restored(self, checkpoint_path.metrics)
+        result, self._tunekit_temps = prepare_restore(checkpoint_path, trial_dir=_ray.local_trial_dir(self))
         self._tunekit_saved = None
-        _ray.give_session_checkpoint(checkpoint_path.checkpoint)
+        if result is None:  # the trial's first checkpoint never completed: start afresh
+            _ray.set_restored(self, {})
+            return
+        self._tunekit_verified = result.checkpoint.path
+        _ray.set_restored(self, result.metrics)
+        _ray.give_session_checkpoint(result.checkpoint)
 
     @override
     def cleanup(self) -> None:

@@ -11,13 +11,13 @@ import torch
 from ray import tune
 from typing_extensions import override
 
+from tunekit import _ray
 from tunekit.device import allocated_bytes, release_memory, trial_device
 from tunekit.errors import CheckpointError, ConfigError, ConfigTypeError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.reuse import ReusableSlot, reusable_key
 from tunekit.rng import seed_everything
 from tunekit.state import TrainingState
-from tunekit.checkpoint import write_checkpoint
 from tunekit.trial_checkpoint import (
     BackgroundSaves,
     background_saves_enabled,
@@ -28,6 +28,7 @@ from tunekit.trial_checkpoint import (
     restore_trial_state,
     save_again,
     save_in_place,
+    save_snapshot,
     save_trial_state,
     trial_payload,
 )
@@ -185,19 +186,11 @@ class TorchTrainable(tune.Trainable):
             self._wait_for_saves()
             result = save_again(self, self._saved[1])  # saved already at this iteration: links, no rewrite
         if result is None and not checkpoint_dir and background_saves_enabled(self, type(self).background_saves):
-            saves = self._saves
-            saves.wait()  # the buffers are free again
-            sd, metadata = trial_payload(
+            result = save_snapshot(self, self._saves, lambda buffers: trial_payload(
                 self.state, config=self.config, mutable=self.mutable(),
                 trainable=f"{type(self).__module__}:{type(self).__qualname__}", metrics=self._metrics,
-                into=saves.buffers,
-            )
-
-            def write(directory: str) -> None:
-                saves.buffers.wait_copied()
-                write_checkpoint(directory, sd, metadata=metadata, durable=False)
-
-            result = save_in_place(self, write, background=saves)
+                into=buffers,
+            ))
         elif result is None and not checkpoint_dir:  # into local storage: write once, in place
             self._durable = False
             try:
@@ -236,7 +229,13 @@ class TorchTrainable(tune.Trainable):
             except CheckpointError:
                 pass  # damaged: find what to restore instead, below
         # Verify first, falling back to the trial's newest good checkpoint.
-        result, temps = prepare_restore(checkpoint_path)
+        result, temps = prepare_restore(checkpoint_path, trial_dir=_ray.local_trial_dir(self))
+        if result is None:  # the trial's first checkpoint never completed: start afresh
+            self.__dict__.pop("state", None)
+            self._init_state(self.config)
+            self._saved = None
+            _ray.set_restored(self, {})
+            return None
         try:
             self._verified = result.checkpoint.path
             super().restore(result)

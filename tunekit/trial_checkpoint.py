@@ -14,9 +14,10 @@ by a test that SIGKILLs the worker inside the write):
   new checkpoint is announced to Tune (whose ``num_to_keep`` may then delete
   the older one), the trial's newest complete checkpoint is kept as hard
   links in ``.checkpoint_NNNNNN.kept`` beside it, removed once the new one
-  is complete. A trial's first checkpoint is written before it is announced
-  (there is nothing to keep yet), so a kill during it leaves Tune nothing
-  registered: the retry starts the trial afresh, as without a checkpoint.
+  is complete. A trial's first checkpoint has nothing before it to keep: if
+  its writer dies, the retry finds the checkpoint Tune registered never
+  completed (a dead writer's staging directory says so) and no other, and
+  the trial starts afresh, as it would have without a checkpoint.
 * A restore or PBT exploit that meets a checkpoint still being written
   (its hidden ``.checkpoint_NNNNNN.partial-HOST-PID-*`` staging directory is
   there, its writer alive) waits for it (``TUNEKIT_CHECKPOINT_WAIT_S``,
@@ -55,6 +56,7 @@ from tunekit.checkpoint import (
     MANIFEST_FILE,
     CheckpointReport,
     _alive,
+    _lower_priority,
     _staging_dirs,
     _writer_id,
     confirm_upload,
@@ -83,6 +85,7 @@ __all__ = [
     "commit_checkpoint",
     "keep_newest_complete",
     "save_in_place",
+    "save_snapshot",
     "save_trial_state",
     "stage_checkpoint",
     "trial_payload",
@@ -147,7 +150,7 @@ BACKGROUND_ENV = "TUNEKIT_BACKGROUND_SAVES"
 #: Seconds a restore waits for a checkpoint another live process is still writing.
 WAIT_ENV = "TUNEKIT_CHECKPOINT_WAIT_S"
 _WAIT_DEFAULT_S = 600.0
-_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-save")
+_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-save", initializer=_lower_priority)
 
 
 def background_saves_enabled(trainable: tune.Trainable, default: bool = True) -> bool:
@@ -217,7 +220,7 @@ def await_write(path: str, *, timeout: float | None = None) -> None:
     delay = 0.005
     while not os.path.exists(os.path.join(path, MANIFEST_FILE)):
         try:
-            writers = [(h, p) for _, ckpt, h, p in _staging_dirs(parent) if ckpt == name and _alive(h, p)]
+            writers = [(h, p) for ckpt, h, p in _staging_dirs(parent) if ckpt == name and _alive(h, p)]
         except FileNotFoundError:
             return
         if not writers:
@@ -321,14 +324,30 @@ def save_in_place(
         commit_checkpoint(staging, final, write)
     else:
         background.wait()  # one write in flight; its tidying done before anything is kept
-        if keep_newest_complete(final):
-            background.submit(final, lambda: commit_checkpoint(staging, final, write))
-        else:
-            # The trial's first complete checkpoint is written before it is announced: a
-            # worker killed during that write leaves Tune nothing to restore but the
-            # trial's start, instead of a registered checkpoint that never was.
-            commit_checkpoint(staging, final, write)
+        keep_newest_complete(final)  # nothing to keep before the trial's first: see the module docstring
+        background.submit(final, lambda: commit_checkpoint(staging, final, write))
     return _ray.publish_local_checkpoint(trainable, final, metrics)
+
+
+def save_snapshot(
+    trainable: tune.Trainable,
+    saves: BackgroundSaves,
+    payload: Callable[[StateBuffers], tuple[dict[str, Any], dict[str, Any]]],
+) -> TrainingResult | None:
+    """A two-phase save: ``payload(buffers)`` snapshots the state now; the helper thread writes it.
+
+    ``payload`` returns ``(state dict, metadata)`` as :func:`trial_payload` does, its
+    tensors copied into ``buffers`` (reused from save to save, so the write
+    before must be complete first). Returns what :func:`save_in_place` returns.
+    """
+    saves.wait()
+    sd, metadata = payload(saves.buffers)
+
+    def write(directory: str) -> None:
+        saves.buffers.wait_copied()
+        write_checkpoint(directory, sd, metadata=metadata, durable=False)
+
+    return save_in_place(trainable, write, background=saves)
 
 
 def stage_checkpoint(final: str) -> str:
@@ -481,12 +500,18 @@ def local_request(checkpoint: Any) -> TrainingResult | None:
     return None
 
 
-def prepare_restore(checkpoint: Any) -> tuple[TrainingResult, list[str]]:
+def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[TrainingResult | None, list[str]]:
     """Resolve what Tune asked to restore into a good, local checkpoint.
 
+    ``trial_dir``: the restoring trial's own local directory. A checkpoint in
+    it that was announced but never completed, because its writer died during
+    the trial's first two-phase save (nothing complete before it), means
+    "start afresh": the result is then None.
+
     Returns:
-        The result to restore (its checkpoint local and verified) and the
-        temporary directories the caller removes once restored.
+        The result to restore (its checkpoint local and verified), or None to
+        start afresh, and the temporary directories the caller removes once
+        restored.
 
     Raises:
         CheckpointError: the checkpoint is damaged and the trial has no good
@@ -519,6 +544,12 @@ def prepare_restore(checkpoint: Any) -> tuple[TrainingResult, list[str]]:
             )
             metrics = {**requested.metrics, "training_iteration": iteration}
             return TrainingResult(checkpoint=local, metrics=metrics), temps
+        if missing and _first_write_interrupted(requested.checkpoint, trial_dir):
+            logger.warning(
+                "tunekit: checkpoint %s was never completed (its writer died during the trial's first "
+                "checkpoint write) and the trial has no other; it starts afresh", requested.checkpoint.path,
+            )
+            return None, temps
         raise CheckpointError(
             f"cannot restore: checkpoint {report.describe()}; the trial has no good "
             f"checkpoint {'left' if missing else 'before it'} to fall back to"
@@ -526,6 +557,19 @@ def prepare_restore(checkpoint: Any) -> tuple[TrainingResult, list[str]]:
     except BaseException:
         remove_temps(temps)
         raise
+
+
+def _first_write_interrupted(checkpoint: tune.Checkpoint, trial_dir: str | None) -> bool:
+    """Whether ``checkpoint``, in ``trial_dir``, has a staging directory whose writer is dead."""
+    if trial_dir is None or not isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        return False
+    parent, name = os.path.split(os.path.normpath(checkpoint.path))
+    if os.path.normpath(parent) != os.path.normpath(trial_dir):
+        return False  # another trial's (a PBT donor's): not this trial's start
+    try:
+        return any(ckpt == name and not _alive(h, p) for ckpt, h, p in _staging_dirs(parent))
+    except FileNotFoundError:
+        return False
 
 
 def remove_temps(temps: list[str]) -> None:

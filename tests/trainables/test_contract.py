@@ -151,6 +151,31 @@ def test_killed_inside_a_background_write_resumes_bit_exact(ray_session, trainab
     assert verify_checkpoint(killed.checkpoint.path).ok
 
 
+def test_killed_inside_the_first_background_write_starts_afresh_bit_exact(ray_session, trainable, storage, plain_run,
+                                                                        tmp_path):
+    """SIGKILL inside the write of the trial's first checkpoint (iteration 2), which Tune has registered.
+
+    Nothing complete came before it: the retry finds the dead writer's staging directory,
+    starts the trial afresh (iterations 1, 2 run again) and ends bit-exact.
+    """
+    dying = {DigitsTrainable: DyingDigits, TrainDigits: DyingTrainDigits}[trainable]
+    died = tmp_path / "died"
+    config = {**CONFIG, "die_at": 2, "die_in_write": "state", "die_marker": str(died)}
+    killed = _fit(dying, storage, "killfirst", config=config, max_failures=2, num_to_keep=1, **PLAIN)[0]
+    assert died.exists()
+    df = killed.metrics_dataframe
+    pids = list(dict.fromkeys(df["pid"]))
+    assert len(pids) == 2, "the trial was not restarted in a new worker"
+    before, after = (list(df[df["pid"] == pid]["training_iteration"]) for pid in pids)
+    assert before[:2] == [1, 2] and after == list(range(1, 9)), (before, after)
+    trial = Path(killed.path)
+    assert worker_logs_mention(f"{trial.name}/checkpoint_000000 was never completed")
+    plain = plain_run(trainable)
+    a, b = read_state(plain.checkpoint.path), read_state(killed.checkpoint.path)
+    assert tensors_equal(a["models"], b["models"]) == [] and tensors_equal(a["optimizers"], b["optimizers"]) == []
+    assert sorted(p.name for p in trial.iterdir() if p.is_dir()) == [Path(killed.checkpoint.path).name]
+
+
 def test_damaged_checkpoint_falls_back_to_newest_good_one(ray_session, trainable, storage, plain_run):
     kwargs = PLAIN
     plain = plain_run(trainable)
