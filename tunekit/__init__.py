@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from tunekit.storage import Storage, check_cluster_storage, probe_storage, resolve_storage
     from tunekit.torch_trainable import TorchTrainable
     from tunekit.verify import ExperimentCheck, verify_experiment
+    from tunekit.warm import warm_start
 
 # Public name -> the module that defines it. ``import tunekit`` imports none of
 # them: the offline tools (status, verify, report, analysis) and ``tunekit
@@ -75,6 +76,7 @@ _LAZY = {
     "TorchTrainable": "tunekit.torch_trainable",
     "ExperimentCheck": "tunekit.verify",
     "verify_experiment": "tunekit.verify",
+    "warm_start": "tunekit.warm",
 }
 
 
@@ -127,5 +129,6 @@ __all__ = [
     "trial_device",
     "verify_checkpoint",
     "verify_experiment",
+    "warm_start",
     "write_checkpoint",
 ]

@@ -66,6 +66,7 @@ from tunekit.trial_checkpoint import (
     save_trial_state,
     trial_payload,
 )
+from tunekit.warm import apply_warm_start
 
 __all__ = ["FunctionSession", "function_trainable"]
 
@@ -135,6 +136,13 @@ class FunctionSession:
                     verify=verified is None or verified != checkpoint.path,
                 )
             self.restored_from = checkpoint.path
+        else:
+            # A warm start in the trial's config (tunekit.warm_start), when not restoring.
+            trial_config = getattr(adapter, "config", None) or {}
+            spec = {**trial_config, **self.config}
+            started = apply_warm_start(state, spec, mutable=self.mutable, apply=self._apply)
+            if started and adapter is not None:
+                adapter._iteration = started  # Ray's counter goes on from the checkpoint's iteration
         if adapter is not None:
             adapter._tunekit_saver = self.save
             adapter._tunekit_payload = self.payload

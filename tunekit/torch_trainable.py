@@ -32,6 +32,7 @@ from tunekit.trial_checkpoint import (
     save_trial_state,
     trial_payload,
 )
+from tunekit.warm import apply_warm_start
 
 __all__ = ["TorchTrainable"]
 
@@ -153,6 +154,12 @@ class TorchTrainable(tune.Trainable):
             )
         self.state = state
         self._saved: tuple[int, Any] | None = None
+        # A warm start (config[WARM_START_KEY]) shapes the start; Tune's restore, if any, comes after.
+        started = apply_warm_start(state, config, mutable=self.mutable(), apply=self.apply_hyperparameters)
+        self._align_iteration = bool(started)
+
+    #: After a warm start that continues from iteration N: report N+1 next (Ray's counter starts at 0).
+    _align_iteration = False
 
     @override
     def step(self) -> dict[str, Any]:
@@ -163,6 +170,9 @@ class TorchTrainable(tune.Trainable):
                 f"got {type(metrics).__name__}"
             )
         self.state.counters.iteration += 1
+        if self._align_iteration:
+            self._align_iteration = False
+            self._iteration = self.state.counters.iteration - 1  # Ray adds the 1
         self._metrics = dict(metrics)  # what the trial reported, before Ray adds its fields
         return metrics
 

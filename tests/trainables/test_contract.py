@@ -21,7 +21,7 @@ from tests.trainables.contract import (
     tensors_equal,
     worker_logs_mention,
 )
-from tunekit import read_state, verify_checkpoint
+from tunekit import read_state, verify_checkpoint, warm_start
 from tunekit.callbacks import CheckpointByStepsTaken
 from tunekit.trainables import DigitsTrainable, TrainDigits
 
@@ -174,6 +174,31 @@ def test_killed_inside_the_first_background_write_starts_afresh_bit_exact(ray_se
     a, b = read_state(plain.checkpoint.path), read_state(killed.checkpoint.path)
     assert tensors_equal(a["models"], b["models"]) == [] and tensors_equal(a["optimizers"], b["optimizers"]) == []
     assert sorted(p.name for p in trial.iterdir() if p.is_dir()) == [Path(killed.checkpoint.path).name]
+
+
+def test_warm_start_continue_equals_one_longer_run(ray_session, trainable, storage, plain_run):
+    """A sweep warm-started from iteration 4's complete state ends where one run of 8 ends, bit-exact."""
+    half = _fit(trainable, storage, "half", stop=4, checkpoint_at_end=True)[0]
+    config = {**CONFIG, **warm_start(half.checkpoint, mode="continue")}
+    warm = _fit(trainable, storage, "warm", config=config, **PLAIN)[0]
+    plain = plain_run(trainable)
+    assert list(warm.metrics_dataframe["training_iteration"]) == [5, 6, 7, 8]
+    later = plain.metrics_dataframe[plain.metrics_dataframe["training_iteration"] > 4]
+    assert list(warm.metrics_dataframe["loss"]) == list(later["loss"])
+    a, b = read_state(plain.checkpoint.path), read_state(warm.checkpoint.path)
+    assert tensors_equal(a["models"], b["models"]) == [] and tensors_equal(a["optimizers"], b["optimizers"]) == []
+    assert b["counters"] == a["counters"]
+    assert b["extras"]["tunekit/warm_start"] == {"checkpoint": half.checkpoint.path, "mode": "continue", "iteration": 4}
+
+
+def test_warm_start_weights_only_starts_counting_afresh(ray_session, trainable, storage):
+    half = _fit(trainable, storage, "src", stop=2, checkpoint_at_end=True)[0]
+    config = {**CONFIG, "lr": 0.01, **warm_start(half.checkpoint, mode="weights")}
+    tuned = _fit(trainable, storage, "finetune", config=config, stop=2, checkpoint_at_end=True)[0]
+    assert list(tuned.metrics_dataframe["training_iteration"]) == [1, 2]
+    sd = read_state(tuned.checkpoint.path)
+    assert sd["counters"]["iteration"] == 2 and sd["extras"]["tunekit/warm_start"]["mode"] == "weights"
+    assert sd["optimizers"]["optimizer"]["param_groups"][0]["lr"] == 0.01
 
 
 def test_damaged_checkpoint_falls_back_to_newest_good_one(ray_session, trainable, storage, plain_run):
