@@ -147,6 +147,8 @@ def load_results(
     *,
     filesystem: Any = None,
     source: Literal["auto", "parquet", "json"] = "auto",
+    warm_start_history: bool = True,
+    _seen: frozenset[str] = frozenset(),
 ) -> pd.DataFrame:
     """All results of all trials: one row per trial and iteration.
 
@@ -159,6 +161,11 @@ def load_results(
         location: The experiment directory (path, URI or Storage).
         filesystem: A pyarrow/fsspec filesystem ``location`` is a path on.
         source: ``"parquet"`` or ``"json"`` to force one; ``"auto"`` prefers Parquet.
+        warm_start_history: For a trial warm-started with ``mode="continue"``
+            (:func:`tunekit.warm_start`, ``tunekit resume --extend``), also the
+            rows of the trial it continued, up to the checkpoint it started
+            from, marked with ``inherited_from`` (that trial's id): every
+            iteration of its history once.
 
     Raises:
         ExperimentError: not an experiment, or ``source="parquet"`` and no dataset.
@@ -175,7 +182,10 @@ def load_results(
         df = _from_result_json(experiment)
     if df.empty:
         return df
-    df = _order_columns(_dedupe_frame(df))
+    df = _dedupe_frame(df)
+    if warm_start_history:
+        df = _with_warm_start_history(df, experiment, _seen=_seen)
+    df = _order_columns(df)
     if _ITER in df.columns:
         gaps = {
             str(trial): missing
@@ -192,6 +202,54 @@ def load_results(
                 "; ".join(f"{t}: iterations {format_ranges(m)}" for t, m in sorted(gaps.items())[:5]),
             )
     return df
+
+
+_WARM = "config/tunekit_warm_start/"
+
+
+def _with_warm_start_history(df: pd.DataFrame, experiment: Storage, *, _seen: frozenset[str]) -> pd.DataFrame:
+    """Prepend, for each trial that continued another one's checkpoint, that trial's rows up to it."""
+    if df.empty or _ITER not in df.columns or _WARM + "checkpoint" not in df.columns:
+        return df
+    firsts = df.groupby("trial_id", sort=False).first()
+    sources: dict[str, pd.DataFrame] = {}
+    inherited = []
+    for trial_id, row in firsts.iterrows():
+        uri, mode = row.get(_WARM + "checkpoint"), row.get(_WARM + "mode")
+        if not isinstance(uri, str) or mode != "continue":
+            continue
+        base, sep, query = uri.partition("?")  # a URI's storage options stay with it
+        trial_dir = posixpath.dirname(base.rstrip("/"))
+        source_exp = posixpath.dirname(trial_dir) + sep + query
+        if source_exp in _seen or source_exp == experiment.uri:
+            continue  # a cycle or the same experiment: nothing to add
+        if source_exp not in sources:
+            try:
+                sources[source_exp] = load_results(source_exp, _seen=_seen | {experiment.uri})
+            except (ExperimentError, StorageError, OSError) as exc:
+                logger.warning("%s: trial %s started from %s, whose results cannot be read (%s)",
+                               experiment.uri, trial_id, uri, exc)
+                sources[source_exp] = pd.DataFrame()
+        src = sources[source_exp]
+        if src.empty:
+            continue
+        name = posixpath.basename(trial_dir)
+        ids = [t for t in src["trial_id"].unique() if f"_{t}_" in f"_{name}_"]
+        own = df[df["trial_id"] == trial_id][_ITER]
+        start = pd.to_numeric(own, errors="coerce").min() - 1
+        rows = src[src["trial_id"].isin(ids[:1]) & (pd.to_numeric(src[_ITER], errors="coerce") <= start)].copy()
+        if rows.empty:
+            continue
+        # The trial it continued, or, for rows that trial inherited itself, the one they came from.
+        prior = rows["inherited_from"] if "inherited_from" in rows.columns else pd.Series(None, index=rows.index,
+                                                                                              dtype=object)
+        rows["inherited_from"] = prior.fillna(rows["trial_id"])
+        rows["trial_id"] = trial_id
+        inherited.append(rows)
+    if not inherited:
+        return df
+    return pd.concat([*inherited, df], ignore_index=True).sort_values(
+        ["trial_id", _ITER], kind="stable").reset_index(drop=True)
 
 
 @dataclass(frozen=True)

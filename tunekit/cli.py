@@ -141,6 +141,11 @@ def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None
                 "tunekit.callbacks.ParquetLogger keeps every row)"
             )
     for trial in snapshot.trials:
+        start = trial.config.get("tunekit_warm_start")
+        if isinstance(start, dict):
+            how = "continuing its complete state" if start.get("mode") == "continue" else "its weights only"
+            print(f"note: {trial.trial_id} was warm-started from {start.get('checkpoint')} ({how})")
+    for trial in snapshot.trials:
         for ckpt in trial.checkpoints:
             if ckpt.unsupported:
                 print(f"note: {trial.trial_id}'s {ckpt.name} is unsupported: {ckpt.unsupported}")
@@ -178,8 +183,16 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
-    from tunekit.resume import resume_experiment
+    from tunekit.resume import extend_experiment, resume_experiment
     from tunekit.snapshot import format_counts
+
+    if args.extend is not None:
+        if args.resume_errored or args.restart_errored:
+            raise _UsageError("tunekit resume: --extend continues finished trials; it takes no --resume/--restart-errored")
+        summary = extend_experiment(args.experiment, args.extend, trainable=args.trainable, cpus=args.cpus)
+        _print_snapshot(summary.after, None, None)
+        print(f"extended into {summary.experiment}: {format_counts(summary.after.counts())}")
+        return 0 if summary.ok else 1
 
     summary = resume_experiment(
         args.experiment,
@@ -275,6 +288,9 @@ def _build_parser() -> _Parser:
     errored = resume.add_mutually_exclusive_group()
     errored.add_argument("--resume-errored", action="store_true", help="resume errored trials from their last checkpoint")
     errored.add_argument("--restart-errored", action="store_true", help="restart errored trials from scratch")
+    resume.add_argument("--extend", type=_int_at_least(1), default=None, metavar="ITERATIONS",
+                        help="continue a finished experiment's trials from their newest checkpoints to this "
+                        "training_iteration, into a new experiment EXP-to-ITERATIONS beside it")
     resume.add_argument("--trainable", default=None, metavar="MODULE:ATTR", help="the trainable, e.g. tunekit.trainables:DigitsTrainable")
     resume.add_argument("--cpus", type=_int_at_least(1), default=None, help="CPUs of the local Ray (default: all)")
     resume.set_defaults(func=_cmd_resume)

@@ -27,7 +27,7 @@ from tunekit.errors import CheckpointError, ConfigError, ExperimentError
 from tunekit.snapshot import ExperimentSnapshot, format_counts, read_experiment
 from tunekit.storage import Storage, resolve_storage
 
-__all__ = ["ResumeSummary", "find_trainable", "import_trainable", "resume_experiment"]
+__all__ = ["ResumeSummary", "extend_experiment", "find_trainable", "import_trainable", "resume_experiment"]
 
 
 def import_trainable(spec: str) -> Any:
@@ -244,3 +244,90 @@ def resume_experiment(
             ray.shutdown()
     after = read_experiment(experiment)
     return ResumeSummary(experiment.uri, found, counts, after)
+
+
+def extend_experiment(
+    location: str | Storage,
+    iterations: int,
+    *,
+    trainable: str | None = None,
+    cpus: int | None = None,
+    stream: TextIO | None = None,
+) -> ResumeSummary:
+    """Continue every trial of a finished experiment to ``iterations`` in a new experiment beside it.
+
+    Each trial of ``EXP`` is started again from its newest checkpoint, complete
+    state (:func:`tunekit.warm_start` with ``mode="continue"``: bit-exact with
+    one longer run), with its config, and stops at ``training_iteration ==
+    iterations``. The new experiment is ``EXP-to-ITERATIONS`` in the same
+    storage; :func:`tunekit.load_results` of it holds every iteration once
+    (the rows up to the checkpoint come from ``EXP``, marked ``inherited_from``).
+    ``EXP`` itself is not changed. Schedulers, search algorithms and
+    callbacks of the original run are not carried over: the trials run to the
+    new stopping point, a checkpoint at the end.
+
+    Raises:
+        ConfigError: ``iterations`` is not above every trial's checkpoint, or no trainable is found.
+        ExperimentError: not an experiment, a trial without a checkpoint, or the target exists.
+    """
+    from tunekit.warm import WARM_START_KEY, warm_start
+
+    out = stream or sys.stdout
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ConfigError(f"extend: iterations={iterations!r}: expected a positive whole number")
+    experiment = resolve_storage(location)
+    before = read_experiment(experiment)
+    if not before.trials:
+        raise ExperimentError(f"{experiment.uri}: no trials to extend")
+    configs = []
+    for trial in before.trials:
+        good = [c for c in trial.checkpoints if c.iteration is not None and not c.unsupported]
+        if not good:
+            raise ExperimentError(f"extend {experiment.uri}: trial {trial.trial_id} has no checkpoint to continue from")
+        newest = max(good, key=lambda c: c.iteration or 0)
+        if (newest.iteration or 0) >= iterations:
+            raise ConfigError(
+                f"extend {experiment.uri} to {iterations}: trial {trial.trial_id} has a checkpoint at iteration "
+                f"{newest.iteration} already; give more iterations than that"
+            )
+        config = {k: v for k, v in trial.config.items() if k != WARM_START_KEY}
+        configs.append({**config, **warm_start(newest.uri, mode="continue")})
+    obj, found = find_trainable(experiment, before, trainable)
+    parent = Storage(experiment.filesystem, posixpath.dirname(experiment.path.rstrip("/")),
+                     posixpath.dirname(experiment.uri.partition("?")[0].rstrip("/")))
+    name = f"{posixpath.basename(experiment.path.rstrip('/'))}-to-{iterations}"
+    target = parent.join(name)
+    if experiment.filesystem.get_file_info(target.path).type.name != "NotFound":
+        raise ExperimentError(f"extend: {target.uri} exists already; remove it or resume it with tunekit resume")
+
+    import ray
+    from ray import tune
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    print(f"extending {experiment.uri}: {len(configs)} trials to iteration {iterations}, into {target.uri}", file=out)
+    print(f"trainable: {found}", file=out, flush=True)
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        started = True
+    try:
+        space: dict[str, Any] = {}
+        for config in configs:  # Ray resolves each point against the space: every key must be in it
+            for key, value in config.items():
+                space.setdefault(key, value)
+        tune.Tuner(
+            obj,
+            param_space=space,
+            tune_config=tune.TuneConfig(search_alg=BasicVariantGenerator(points_to_evaluate=configs),
+                                        num_samples=len(configs)),
+            run_config=tune.RunConfig(
+                name=name, stop={"training_iteration": iterations}, verbose=0,
+                checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True),
+                storage_path=parent.path, storage_filesystem=parent.filesystem,
+            ),
+        ).fit()
+    finally:
+        if started:
+            ray.shutdown()
+    after = read_experiment(target)
+    return ResumeSummary(target.uri, found, before.counts(), after)

@@ -111,3 +111,30 @@ def test_trainables_recorded_under_the_old_top_level_names_are_found(tmp_path):
     # A fresh interpreter away from the checkout: no top-level `trainables` exists there.
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "ConfigError: trainable 'nothing_like_it:X': cannot import nothing_like_it" in done.stderr
+
+
+def test_extend_continues_a_finished_experiment_with_every_iteration_once(ray_session, storage, capsys):
+    from ray import tune
+
+    from tunekit.trainables import DigitsTrainable
+
+    config = {"hidden_size": 8, "steps_per_iteration": 3, "seed": 5}
+    tune.Tuner(DigitsTrainable, param_space=config, run_config=tune.RunConfig(
+        name="short", storage_path=str(storage), stop={"training_iteration": 2},
+        checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True), verbose=0)).fit()
+    exp = storage / "short"
+
+    assert main(["resume", str(exp), "--extend", "2"]) == 2  # nothing to extend to
+    assert "has a checkpoint at iteration 2 already" in capsys.readouterr().err
+
+    assert main(["resume", str(exp), "--extend", "4"]) == 0
+    out = capsys.readouterr().out
+    extended = storage / "short-to-4"
+    assert f"extending {exp}: 1 trials to iteration 4, into {extended}" in out
+    assert "was warm-started from" in out and "continuing its complete state" in out
+    df = load_results(str(extended))
+    assert list(df["training_iteration"]) == [1, 2, 3, 4]
+    assert df["inherited_from"].notna().tolist() == [True, True, False, False]
+    assert read_experiment(str(exp)).trials[0].iterations == 2  # the original is unchanged
+    (trial,) = read_experiment(str(extended)).trials
+    assert read_state(trial.checkpoints[-1].uri)["counters"]["iteration"] == 4
