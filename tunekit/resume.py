@@ -15,12 +15,13 @@ A function found this way that is not a Tune trainable class is wrapped with
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pickletools
 import posixpath
 import sys
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 from tunekit.checkpoint import read_metadata
 from tunekit.errors import CheckpointError, ConfigError, ExperimentError
@@ -168,6 +169,21 @@ def _tuner_pickle(experiment: Storage) -> bytes | None:
         return stream.read()
 
 
+@contextlib.contextmanager
+def _local_ray(cpus: int | None) -> Iterator[None]:
+    """Ray as it is, or a local one started (and shut down after) when none is running."""
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
 @dataclass
 class ResumeSummary:
     """What ``tunekit resume`` did."""
@@ -217,19 +233,14 @@ def resume_experiment(
         raise ExperimentError(f"{experiment.uri}: {damaged[0]}; Ray Tune cannot restore from it")
     obj, found = find_trainable(experiment, before, trainable)
 
-    import ray
     from ray import tune
 
     counts = before.counts()
     summary = format_counts(counts)
     print(f"resuming {experiment.uri}: {len(before.trials)} trials ({summary})", file=out)
     print(f"trainable: {found}", file=out, flush=True)
-    started = False
-    if not ray.is_initialized():
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        started = True
     _alias_moved_packages(_pickle_globals(_tuner_pickle(experiment) or b""))
-    try:
+    with _local_ray(cpus):
         tuner = tune.Tuner.restore(
             experiment.path,
             obj,
@@ -239,9 +250,6 @@ def resume_experiment(
             storage_filesystem=experiment.filesystem,
         )
         tuner.fit()
-    finally:
-        if started:
-            ray.shutdown()
     after = read_experiment(experiment)
     return ResumeSummary(experiment.uri, found, counts, after)
 
@@ -300,17 +308,12 @@ def extend_experiment(
     if experiment.filesystem.get_file_info(target.path).type.name != "NotFound":
         raise ExperimentError(f"extend: {target.uri} exists already; remove it or resume it with tunekit resume")
 
-    import ray
     from ray import tune
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     print(f"extending {experiment.uri}: {len(configs)} trials to iteration {iterations}, into {target.uri}", file=out)
     print(f"trainable: {found}", file=out, flush=True)
-    started = False
-    if not ray.is_initialized():
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        started = True
-    try:
+    with _local_ray(cpus):
         space: dict[str, Any] = {}
         for config in configs:  # Ray resolves each point against the space: every key must be in it
             for key, value in config.items():
@@ -326,8 +329,5 @@ def extend_experiment(
                 storage_path=parent.path, storage_filesystem=parent.filesystem,
             ),
         ).fit()
-    finally:
-        if started:
-            ray.shutdown()
     after = read_experiment(target)
     return ResumeSummary(target.uri, found, before.counts(), after)

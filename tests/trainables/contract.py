@@ -37,10 +37,20 @@ def run_actor(cls, config, storage, trial, iterations, restore_from=None):
             ray.get(actor.restore.remote(restore_from))
         results = [ray.get(actor.train.remote()) for _ in range(iterations)]
         saved = ray.get(actor.save.remote())
-        ray.get(actor.stop.remote())  # as Tune ends a trial: the checkpoint write in flight completes
+    finally:
+        end_actor(actor)
+    return results, saved
+
+
+def end_actor(actor) -> None:
+    """End a trial's worker as Tune does: ``stop`` (the checkpoint write in flight completes), then kill it.
+
+    A bare ``ray.kill`` right after ``save`` is a worker killed inside a two-phase write.
+    """
+    try:
+        ray.get(actor.stop.remote())
     finally:
         ray.kill(actor)
-    return results, saved
 
 
 def tensors_equal(a: Any, b: Any, where: str = "") -> list[str]:

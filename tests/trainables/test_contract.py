@@ -16,6 +16,7 @@ from tests.trainables.contract import (
     DyingTrainDigits,
     KillActorOnce,
     checkpoint_iterations,
+    end_actor,
     make_actor,
     run_actor,
     tensors_equal,
@@ -76,7 +77,7 @@ def test_second_save_of_one_iteration_is_a_checkpoint_of_its_own(ray_session, tr
         ray.get([actor.train.remote() for _ in range(2)])
         first, second = (ray.get(actor.save.remote()).checkpoint.path for _ in range(2))
     finally:
-        ray.kill(actor)
+        end_actor(actor)
     assert first != second and read_state(first)["counters"] == read_state(second)["counters"]
     # The second one's files are the first one's (hard links): nothing was written twice.
     assert os.stat(Path(first, "state.pt")).st_ino == os.stat(Path(second, "state.pt")).st_ino

@@ -15,7 +15,7 @@ import pytest
 import ray
 import torch
 
-from tests.trainables.contract import make_actor, tensors_equal
+from tests.trainables.contract import end_actor, make_actor, tensors_equal
 from tunekit import TorchTrainable, read_state
 from tunekit.reuse import reusable_slot
 from tunekit.trainables import DigitsTrainable, TrainDigits
@@ -73,7 +73,7 @@ def test_a_reused_worker_ends_bit_identical_to_a_fresh_one(ray_session, storage,
     try:
         checkpoint = _train_and_save(donor, 2)
     finally:
-        ray.kill(donor)
+        end_actor(donor)
 
     # A worker that ran another trial, then takes the target trial (reset + restore, as Tune does).
     reused = make_actor(trainable, OTHER, storage, "reused")
@@ -87,14 +87,14 @@ def test_a_reused_worker_ends_bit_identical_to_a_fresh_one(ray_session, storage,
         new_in_reused = _train_and_save(reused, 2)
         builds = _builds(reused, trainable)
     finally:
-        ray.kill(reused)
+        end_actor(reused)
 
     fresh = make_actor(trainable, TARGET, storage, "fresh")
     try:
         ray.get(fresh.restore.remote(checkpoint))
         from_fresh = _train_and_save(fresh, 3)
     finally:
-        ray.kill(fresh)
+        end_actor(fresh)
     for a_result, b_result in ((from_reused, from_fresh), (new_in_reused, new_in_fresh)):
         a, b = read_state(a_result.checkpoint.path), read_state(b_result.checkpoint.path)
         for part in ("models", "optimizers", "data", "rng", "hparams"):
