@@ -29,10 +29,9 @@ Private names, by owner:
   ``sync_config``, ``storage_filesystem``.
 * ``PopulationBasedTraining``: the hooks ``_checkpoint_or_exploit`` and
   ``_exploit`` and ``_trial_state[trial].last_train_time``.
-* ``TuneController`` (behind the scheduler's ``TrialRunnerWrapper._tune_controller``):
-  ``_schedule_trial_task``, ``_schedule_trial_restore``, ``_trial_task_failure``,
-  plus ``_TrialInfo`` and the ``TRIAL_INFO``/``STDOUT_FILE``/``STDERR_FILE``
-  config keys its ``reset`` takes (:func:`restart_in_place`).
+* ``Trial.temporary_state.ray_actor`` (the trial's worker), ``_TrialInfo`` and the
+  ``TRIAL_INFO``/``STDOUT_FILE``/``STDERR_FILE`` config keys ``Trainable.reset``
+  takes (:func:`clone_in_place`).
 * Loggers whose exact messages the quickstart filters (see
   :func:`quiet_ray_notices`).
 """
@@ -71,11 +70,11 @@ __all__ = [
     "quiet_ray_notices",
     "quiet_tune_banner",
     "report_checkpoint_dir",
-    "restart_in_place",
+    "clone_in_place",
     "session_report",
     "set_restored",
     "storage_context",
-    "supports_reset",
+    "supports_clone",
     "trainable_storage",
     "trial_filesystem",
 ]
@@ -223,43 +222,36 @@ class _NoPause:
         return getattr(self._controller, name)
 
 
-def supports_reset(trial: Any) -> bool:
-    """Whether the trial's trainable can be reset in place (overrides ``reset_config``)."""
+def supports_clone(trial: Any) -> bool:
+    """Whether the trial's trainable can clone a donor in its own worker (tunekit trainables: ``tunekit_clone``)."""
     try:
         cls = trial.get_trainable_cls()
     except Exception:  # noqa: BLE001 - unknown or unregistered trainable: Ray's path
         return False
-    return isinstance(cls, type) and getattr(cls, "reset_config", None) is not tune.Trainable.reset_config
+    return isinstance(cls, type) and callable(getattr(cls, "tunekit_clone", None))
 
 
-def restart_in_place(tune_controller: Any, trial: Any) -> None:
-    """Restart a RUNNING trial in its own worker from ``trial.latest_checkpoint_result``.
+def clone_in_place(trial: Any) -> None:
+    """Have a RUNNING trial's own worker take the trial's (new) config and restore ``trial.latest_checkpoint_result``.
 
-    What Tune does to resume a paused trial in a reused worker - ``reset`` with
-    the trial's (new) config, then ``restore``, then ``train`` once restored -
-    without stopping the worker and starting it again. The worker runs the
-    tasks in the order they are submitted; failures are trial failures.
+    What Tune does to resume a paused trial in a reused worker (``reset``
+    with the trial's config, then ``restore``), as one call on the worker
+    (``tunekit_clone``), sent before Tune's next task for the trial: a worker
+    runs one caller's calls in order. Tune does not track the call, so only
+    its own task in flight can fail if the worker dies (one failure, retried
+    from the trial's checkpoint - the donor's - with the new config; two
+    tracked tasks failing at once would end the trial in ERROR). A clone
+    that fails makes the trial's next step raise its error.
     """
     import copy
 
-    from ray.tune.error import TuneError
     from ray.tune.experiment.trial import _TrialInfo
     from ray.tune.result import STDERR_FILE, STDOUT_FILE, TRIAL_INFO
 
-    controller = getattr(tune_controller, "_tune_controller", tune_controller)
     extra = copy.deepcopy(trial.config)
     extra[TRIAL_INFO] = _TrialInfo(trial)
     extra[STDOUT_FILE], extra[STDERR_FILE] = trial.log_to_file
-
-    def on_reset(trial: Any, success: bool) -> None:
-        if not success:
-            controller._trial_task_failure(trial, TuneError(f"trial {trial}: reset_config() returned False"))
-
-    controller._schedule_trial_task(
-        trial=trial, method_name="reset", args=(extra,), kwargs={"storage": trial.storage},
-        on_result=on_reset, on_error=controller._trial_task_failure,
-    )
-    controller._schedule_trial_restore(trial)
+    trial.temporary_state.ray_actor.tunekit_clone.remote(extra, trial.latest_checkpoint_result, trial.storage)
 
 
 class PBTWithDonorChoice(PopulationBasedTraining):
@@ -297,12 +289,12 @@ class PBTWithDonorChoice(PopulationBasedTraining):
     def _exploit(self, tune_controller: Any, trial: Any, trial_to_clone: Any) -> None:
         from ray.tune.experiment import Trial
 
-        if trial.status != Trial.RUNNING or not supports_reset(trial) or not self.exploit_in_place(trial):
+        if trial.status != Trial.RUNNING or not supports_clone(trial) or not self.exploit_in_place(trial):
             return super()._exploit(tune_controller, trial, trial_to_clone)
         # Ray's exploit (new config, tag, the donor's checkpoint as the trial's
         # latest), but the trial keeps its worker: reset + restore run there.
         super()._exploit(_NoPause(tune_controller), trial, trial_to_clone)
-        restart_in_place(tune_controller, trial)
+        clone_in_place(trial)
         self.exploited_in_place.add(trial)
 
 

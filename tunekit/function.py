@@ -56,8 +56,10 @@ from tunekit.state import TrainingState
 from tunekit.trial_checkpoint import (
     BackgroundSaves,
     background_saves_enabled,
+    clone_in_worker,
     confirm_remote_upload,
     prepare_restore,
+    raise_failed_clone,
     remove_temps,
     restore_trial_state,
     save_again,
@@ -278,6 +280,15 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
             self._tunekit_saves.wait()
 
     _tunekit_temps: list[str] | None = None
+
+    def tunekit_clone(self, config: dict[str, Any], checkpoint: Any, storage: Any) -> None:
+        """A PBT exploit in this worker (tunekit's scheduler): reset to ``config``, then restore ``checkpoint``."""
+        clone_in_worker(self, config, checkpoint, storage)
+
+    @override
+    def train(self) -> dict[str, Any]:
+        raise_failed_clone(self)
+        return super().train()
 
     @override
     def restore(self, checkpoint_path: Any) -> None:

@@ -21,9 +21,11 @@ from tunekit.state import TrainingState
 from tunekit.trial_checkpoint import (
     BackgroundSaves,
     background_saves_enabled,
+    clone_in_worker,
     confirm_remote_upload,
     local_request,
     prepare_restore,
+    raise_failed_clone,
     remove_temps,
     restore_trial_state,
     save_again,
@@ -163,6 +165,7 @@ class TorchTrainable(tune.Trainable):
 
     @override
     def step(self) -> dict[str, Any]:
+        raise_failed_clone(self)
         metrics = self.train_iteration()
         if not isinstance(metrics, dict):
             raise ConfigTypeError(
@@ -254,6 +257,10 @@ class TorchTrainable(tune.Trainable):
             remove_temps(temps)
 
     _verified: str | None = None
+
+    def tunekit_clone(self, config: dict[str, Any], checkpoint: Any, storage: Any) -> None:
+        """A PBT exploit in this worker (tunekit's scheduler): reset to ``config``, then restore ``checkpoint``."""
+        clone_in_worker(self, config, checkpoint, storage)
 
     @override
     def load_checkpoint(self, checkpoint: Any) -> None:

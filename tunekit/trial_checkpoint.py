@@ -76,6 +76,8 @@ __all__ = [
     "BackgroundSaves",
     "await_write",
     "background_saves_enabled",
+    "clone_in_worker",
+    "raise_failed_clone",
     "confirm_remote_upload",
     "local_request",
     "prepare_restore",
@@ -590,3 +592,26 @@ def confirm_remote_upload(result: Any) -> None:
     if checkpoint is None or isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
         return
     confirm_upload(checkpoint)
+
+
+def clone_in_worker(trainable: tune.Trainable, config: dict[str, Any], checkpoint: Any, storage: Any) -> None:
+    """A PBT exploit in the trial's own worker (``tunekit_clone``): ``reset`` to ``config``, restore ``checkpoint``.
+
+    Sent by :func:`tunekit._ray.clone_in_place` ahead of Tune's next task for
+    the trial; a failure is kept and raised by that task
+    (:func:`raise_failed_clone`), so Tune sees it as the trial's failure.
+    """
+    try:
+        if not trainable.reset(config, storage=storage):
+            raise CheckpointError(f"{type(trainable).__name__}.reset_config() returned False")
+        trainable.restore(checkpoint)
+    except Exception as exc:
+        trainable._tunekit_clone_error = exc
+        raise
+
+
+def raise_failed_clone(trainable: tune.Trainable) -> None:
+    """Raise the error of a failed :func:`clone_in_worker`, once."""
+    error = trainable.__dict__.pop("_tunekit_clone_error", None)
+    if error is not None:
+        raise CheckpointError(f"cloning a PBT donor in this worker failed: {first_line(error)}") from error

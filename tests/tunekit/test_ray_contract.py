@@ -144,20 +144,22 @@ def test_function_runner_internals_behave_as_relied_on(ray_session, tmp_path):
         trainable.stop()
 
 
-def test_scheduler_wrapper_and_reset_keys_are_as_relied_on():
-    """restart_in_place reaches the controller behind the scheduler's wrapper and passes reset's magic keys."""
+def test_trial_worker_and_reset_keys_are_as_relied_on():
+    """clone_in_place reaches the trial's worker and passes reset's magic keys."""
     from ray.tune import result
-    from ray.tune.execution.tune_controller import TrialRunnerWrapper
     from ray.tune.experiment import Trial
+    from ray.tune.experiment.trial import _TemporaryTrialState, _TrialInfo
 
-    assert "self._tune_controller = tune_controller" in inspect.getsource(TrialRunnerWrapper.__init__), (
-        "Ray changed: TrialRunnerWrapper._tune_controller"
-    )
+    assert _TemporaryTrialState().ray_actor is None, "Ray changed: Trial.temporary_state.ray_actor"
     for key in ("TRIAL_INFO", "STDOUT_FILE", "STDERR_FILE"):
         assert isinstance(getattr(result, key, None), str), f"Ray changed: ray.tune.result.{key}"
     for attr in ("latest_checkpoint_result", "get_trainable_cls"):
         assert hasattr(Trial, attr), f"Ray changed: Trial.{attr}"
     assert "self.log_to_file" in inspect.getsource(Trial.__init__), "Ray changed: Trial.log_to_file"
+    assert list(inspect.signature(_TrialInfo).parameters) == ["trial"], "Ray changed: _TrialInfo(trial)"
+    assert list(inspect.signature(tune.Trainable.reset).parameters)[:3] == ["self", "new_config", "storage"], (
+        "Ray changed: Trainable.reset(new_config, storage)"
+    )
 
 
 def test_pbt_trial_state_records_the_last_scored_time():
