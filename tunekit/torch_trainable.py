@@ -245,8 +245,7 @@ class TorchTrainable(tune.Trainable):
         result, temps = prepare_restore(checkpoint_path, trial_dir=_ray.local_trial_dir(self))
         if result is None:  # the trial's first checkpoint never completed: start afresh
             self.__dict__.pop("state", None)
-            self._init_state(self.config)
-            self._saved = None
+            self._init_state(self.config)  # forgets what was saved, too
             _ray.set_restored(self, {})
             return None
         try:

@@ -238,19 +238,18 @@ def await_write(path: str, *, timeout: float | None = None) -> None:
         delay = min(delay * 2, 0.1)
 
 
-def keep_newest_complete(final: str) -> bool:
+def keep_newest_complete(final: str) -> None:
     """Before ``final`` is announced: keep the trial's newest complete checkpoint as ``.checkpoint_N.kept``.
 
     Hard links, so nothing is copied; Tune's ``num_to_keep`` may then delete
-    the real directory while ``final`` is still being written.
-
-    Returns:
-        Whether the trial has a complete checkpoint before ``final`` (kept now or already).
+    the real directory while ``final`` is still being written. Nothing is
+    done when the trial has no complete checkpoint yet, or its newest one is
+    kept already.
     """
     parent, name = os.path.split(final)
     match = CHECKPOINT_DIR.match(name)
     if match is None:
-        return False
+        return
     below = int(match[1])
     best: tuple[int, str, bool] | None = None
     with os.scandir(parent) as entries:
@@ -261,14 +260,12 @@ def keep_newest_complete(final: str) -> bool:
             candidate = (int(m[1]), entry.path, entry.name.startswith("."))
             if best is None or candidate[:1] > best[:1] or (candidate[0] == best[0] and candidate[2]):
                 best = candidate
-    if best is None:
-        return False  # nothing complete yet
-    if best[2]:
-        return True  # the newest complete one is a kept copy already
+    if best is None or best[2]:
+        return  # nothing complete yet, or the newest complete one is a kept copy already
     index, source, _ = best
     kept = os.path.join(parent, f".{os.path.basename(source)}.kept")
     if os.path.exists(kept):
-        return True
+        return
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(source)}.keeping-", dir=parent)
     try:
         _link_tree(source, staging)
@@ -278,8 +275,6 @@ def keep_newest_complete(final: str) -> bool:
     except OSError:
         # Ray deleted it meanwhile (then nothing complete is left to keep), or it was kept already.
         shutil.rmtree(staging, ignore_errors=True)
-        return os.path.exists(kept)
-    return True
 
 
 def _tidy(parent: str, completed: int) -> None:
