@@ -152,6 +152,9 @@ def apply_warm_start(
     previous = (sd.get("extras") or {}).get(LINEAGE_KEY)
     iteration = int((sd.get("counters") or {}).get("iteration", 0))
     try:
+        check = getattr(state, "check_checkpoint", None)  # a framework integration's: the right kind?
+        if check is not None:
+            check(sd, weights_only=mode == "weights")
         if mode == "continue":
             state.load_state_dict(sd)
         else:
