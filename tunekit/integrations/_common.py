@@ -154,27 +154,27 @@ class Reporter:
         self.session = session
         self.state = state
         self.every_n_steps = every_n_steps
-        self._due: dict[str, Any] | None = None
+        self._due: Callable[[], dict[str, Any]] | None = None  # the metrics of the iteration done
         self._last_step = state.counters.step  # a restored trial reported up to here
 
     def step_done(self, step: int, metrics: Callable[[], dict[str, Any]]) -> None:
         if self.every_n_steps is not None and step > 0 and step % self.every_n_steps == 0:
-            self._due = metrics()
+            self._due = metrics
 
     def epoch_done(self, metrics: Callable[[], dict[str, Any]]) -> None:
         if self.every_n_steps is None:
-            self._due = metrics()
+            self._due = metrics
 
     def final(self, step: int, metrics: Callable[[], dict[str, Any]]) -> None:
         """At the end of training: the steps since the last report make one more (shorter) iteration."""
         if self.every_n_steps is not None and self._due is None and step > self._last_step:
-            self._due = metrics()
+            self._due = metrics
 
     def fire(self, *, epoch: int, step: int) -> None:
         """Report the iteration marked done, if any (blocks while Tune decides; it may save then)."""
         if self._due is None:
             return
-        metrics, self._due = self._due, None
+        metrics, self._due = self._due(), None
         counters = self.state.counters
         counters.epoch, counters.step = epoch, step
         self._last_step = step

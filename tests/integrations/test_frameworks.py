@@ -1,0 +1,228 @@
+"""Lightning and Hugging Face Trainer trials: the checkpoint-complete contract, with a real Tuner.fit()."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from ray import tune
+
+from tests.trainables.contract import KillActorOnce, checkpoint_iterations, run_actor, tensors_equal
+from tunekit import CheckpointError, read_metadata, read_state, warm_start
+from tunekit.callbacks import CheckpointByStepsTaken
+
+pytest.importorskip("lightning")
+pytest.importorskip("transformers")
+
+from tests.integrations.models import TrainLightning, TrainTransformers  # noqa: E402
+
+KEY = "tunekit/framework:"
+#: Per framework: the trainable, its config, the iterations of the reference run (one per epoch).
+CASES = {
+    "lightning": (TrainLightning, {"lr": 0.05, "seed": 3, "epochs": 5}, 5),
+    "transformers": (TrainTransformers, {"lr": 0.01, "seed": 3, "epochs": 4}, 4),
+}
+
+
+@pytest.fixture(params=sorted(CASES))
+def framework(request):
+    return request.param
+
+
+def _fit(trainable, storage, name, *, config, stop, callbacks=(), max_failures=0, **ckpt):
+    grid = tune.Tuner(
+        trainable,
+        param_space=config,
+        run_config=tune.RunConfig(
+            name=name, storage_path=str(storage), stop={"training_iteration": stop},
+            checkpoint_config=tune.CheckpointConfig(**ckpt), callbacks=list(callbacks),
+            failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0,
+        ),
+    ).fit()
+    assert not grid.errors, grid.errors
+    return grid[0]
+
+
+PLAIN = dict(checkpoint_frequency=2, checkpoint_at_end=True)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """The uninterrupted reference run of each framework (frequency 2, at end, CheckpointByStepsTaken(3))."""
+    cache = {}
+
+    def get(framework):
+        if framework not in cache:
+            trainable, config, iterations = CASES[framework]
+            cache[framework] = _fit(trainable, tmp_path_factory.mktemp("plain"), "plain", config=config,
+                                    stop=iterations, callbacks=[CheckpointByStepsTaken(3)], **PLAIN)
+        return cache[framework]
+
+    return get
+
+
+def _framework_part(state, framework):
+    part = dict(state["extras"][KEY + framework])
+    if framework == "transformers":  # timings in the log history differ from run to run
+        trainer_state = dict(part.pop("trainer_state"))
+        part["log_history"] = [{k: v for k, v in row.items() if "runtime" not in k and "per_second" not in k}
+                               for row in trainer_state.pop("log_history")]
+        part["trainer_state"] = trainer_state
+    return part
+
+
+def _same_training_state(a, b, framework):
+    assert tensors_equal(a["models"], b["models"]) == []
+    assert tensors_equal(_framework_part(a, framework), _framework_part(b, framework)) == []
+    assert a["counters"] == b["counters"]
+
+
+def test_resume_in_a_fresh_actor_is_bit_exact(ray_session, framework, storage):
+    """Lightning at an epoch end; the HF Trainer in the middle of an epoch (every_n_steps=4, 6 steps an epoch)."""
+    trainable, config, _ = CASES[framework]
+    config = {**config, "every_n_steps": 4} if framework == "transformers" else config
+    full_results, full = run_actor(trainable, config, storage, "full", 4)
+    first, half = run_actor(trainable, config, storage, "first", 2)
+    second, resumed = run_actor(trainable, config, storage, "second", 2, restore_from=half)
+    a, b = read_state(full.checkpoint.path), read_state(resumed.checkpoint.path)
+    _same_training_state(a, b, framework)
+    assert tensors_equal(a["rng"], b["rng"]) == []
+    assert [r.get("loss", r.get("train_loss")) for r in full_results] == [
+        r.get("loss", r.get("train_loss")) for r in first + second]
+    assert [r["training_iteration"] for r in second] == [3, 4]
+
+
+def test_checkpoint_iterations_and_verify(ray_session, framework, plain):
+    from tunekit.cli import main
+
+    result = plain(framework)
+    iterations = CASES[framework][2]
+    # checkpoint_frequency=2, CheckpointByStepsTaken(3) and checkpoint_at_end: each iteration once.
+    assert checkpoint_iterations(Path(result.path)) == sorted({2, 3, 4, iterations} & set(range(1, iterations + 1)))
+    assert main(["verify", str(Path(result.path).parent)]) == 0
+    metadata = read_metadata(result.checkpoint.path)
+    assert metadata["trainable"].endswith(f"train_{framework}") and metadata["iteration"] == iterations
+
+
+def test_killed_worker_finishes_with_the_same_weights(ray_session, framework, storage, plain):
+    trainable, config, iterations = CASES[framework]
+    killed = _fit(trainable, storage, "killed", config=config, stop=iterations, callbacks=[KillActorOnce(3)],
+                  max_failures=2, **PLAIN)
+    pids = list(dict.fromkeys(killed.metrics_dataframe["pid"]))
+    assert len(pids) == 2, "the trial was not restarted in a new worker"
+    _same_training_state(read_state(plain(framework).checkpoint.path), read_state(killed.checkpoint.path), framework)
+
+
+def _checkpoint_at(result, iteration):
+    return next(str(p) for p in sorted(Path(result.path).glob("checkpoint_*"))
+                if read_metadata(str(p))["iteration"] == iteration)
+
+
+def test_warm_starts(ray_session, framework, storage, plain):
+    """continue: the rest of the reference run, bit-exact; weights: a fresh optimizer and schedule."""
+    trainable, config, iterations = CASES[framework]
+    reference = plain(framework)
+    source = _checkpoint_at(reference, 2)
+    warm = _fit(trainable, storage, "continue", config={**config, **warm_start(source, mode="continue")},
+                stop=iterations, checkpoint_at_end=True)
+    assert list(warm.metrics_dataframe["training_iteration"]) == list(range(3, iterations + 1))
+    a, b = read_state(reference.checkpoint.path), read_state(warm.checkpoint.path)
+    _same_training_state(a, b, framework)
+    assert b["extras"]["tunekit/warm_start"] == {"checkpoint": source, "mode": "continue", "iteration": 2}
+
+    tuned = _fit(trainable, storage, "weights", config={**config, "lr": 0.002, **warm_start(source, mode="weights")},
+                 stop=1, checkpoint_at_end=True)
+    state = read_state(tuned.checkpoint.path)
+    part = state["extras"][KEY + framework]
+    assert state["counters"]["iteration"] == 1
+    if framework == "lightning":
+        assert part["global_step"] == 4 and part["lr_schedulers"][0]["last_epoch"] == 1
+        assert part["optimizer_states"][0]["param_groups"][0]["initial_lr"] == 0.002
+    else:
+        assert part["trainer_state"]["global_step"] == 6 and set(part["scheduler"]["base_lrs"]) == {0.002}
+        assert all(v["step"].item() == 6 for v in part["optimizer"]["state"].values())  # AdamW from step 0
+
+
+def test_pbt_exploit_puts_the_mutated_learning_rate_in_effect(ray_session, framework, storage):
+    """After every exploit the optimizer runs at the trial's new (mutated) rate, not the donor's."""
+    from tunekit.pbt import pbt_setup
+
+    trainable, config, _ = CASES[framework]
+    config = {**config, "epochs": 6, "gamma": 1.0, "schedule": "constant", "lr": tune.grid_search([1e-5, 0.05])}
+    lr_metric = "lr_in_effect" if framework == "lightning" else "learning_rate"
+    loss = "train_loss" if framework == "lightning" else "loss"
+    setup = pbt_setup(trainable, metric=loss, mode="min", perturbation_interval=1, quantile_fraction=0.5,
+                      mutations={"lr": [1e-4, 3e-3, 0.02, 0.08]}, resample_probability=0.5)
+    grid = tune.Tuner(
+        trainable, param_space=config,
+        tune_config=tune.TuneConfig(scheduler=setup.scheduler, **setup.tune_config_kwargs()),
+        run_config=tune.RunConfig(name="pbt", storage_path=str(storage), stop={"training_iteration": 6},
+                                  checkpoint_config=setup.checkpoint_config, verbose=0),
+    ).fit()
+    assert not grid.errors, grid.errors
+    exploited = 0
+    for result in grid:
+        df = result.metrics_dataframe
+        assert list(df[lr_metric]) == pytest.approx(list(df["config/lr"]), rel=1e-6)
+        exploited += int((df["config/lr"].diff().fillna(0) != 0).sum())
+    assert exploited >= 1, "no exploit happened"
+
+
+def test_a_checkpoint_of_the_wrong_kind_is_refused_in_one_line(ray_session, plain, tmp_path):
+    from tests.integrations.models import lightning_module
+    from tunekit.integrations._common import new_state
+    from tunekit.warm import apply_warm_start
+
+    lightning_ckpt = plain("lightning").checkpoint.path
+    hf_ckpt = plain("transformers").checkpoint.path
+    for framework, model, wrong in (("transformers", torch.nn.Linear(2, 2), lightning_ckpt),
+                                    ("lightning", lightning_module({"lr": 0.1}), hf_ckpt)):
+        for mode in ("continue", "weights"):
+            state = new_state(framework, model)
+            with pytest.raises(CheckpointError) as err:
+                apply_warm_start(state, warm_start(wrong, mode=mode), mutable=(), apply=state.defer)
+            message = str(err.value)
+            assert "\n" not in message and wrong in message
+            assert "trial's checkpoint" in message and f"tunekit.integrations.{framework}" in message
+    not_ours = tmp_path / "hf-checkpoint-500"
+    not_ours.mkdir()
+    (not_ours / "trainer_state.json").write_text("{}")
+    for path, what in ((not_ours, "not a tunekit checkpoint"), (tmp_path / "missing", "no such directory")):
+        with pytest.raises(CheckpointError, match=what) as err:
+            warm_start(str(path), mode="continue")
+        assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+def test_the_frameworks_are_imported_only_when_used():
+    code = (
+        "import sys, tunekit.integrations.lightning, tunekit.integrations.transformers\n"
+        "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers') if m in sys.modules))\n"
+        "from tunekit.integrations._common import require\n"
+        "try:\n    require('not_a_framework_pkg', extra='lightning', what='PyTorch Lightning')\n"
+        "except ImportError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == [
+        "[]",
+        "tunekit.integrations.lightning needs PyTorch Lightning (not_a_framework_pkg is not installed): "
+        "pip install 'tunekit[lightning]'",
+    ]
+
+
+def test_framework_internals_relied_on_are_there(tmp_path):
+    """The internals used: Lightning's in-memory checkpoint, the HF Trainer's running sums since its last log."""
+    import inspect
+
+    import lightning.pytorch as pl
+
+    from tests.integrations.models import hf_trainer
+    from tunekit.integrations.transformers import _RUNNING
+
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    assert "weights_only" in inspect.signature(trainer._checkpoint_connector.dump_checkpoint).parameters
+    hf = hf_trainer({"lr": 0.01, "epochs": 1}, str(tmp_path))
+    hf.train()
+    assert all(hasattr(hf, name) for name in _RUNNING)
