@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import torch
@@ -29,6 +30,9 @@ def lightning_module(config: dict[str, Any]) -> Any:
             self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2),
                                            torch.nn.Linear(16, 1))
 
+        def on_train_epoch_start(self):
+            time.sleep(config.get("epoch_sleep", 0))  # a PBT test keeps its trials running side by side
+
         def training_step(self, batch, batch_idx):
             x, y = batch
             loss = torch.nn.functional.mse_loss(self.net(x), y)
@@ -54,9 +58,10 @@ def train_lightning(config: dict[str, Any]) -> None:
 
     from tunekit.integrations import lightning as tk_lightning
 
+    time.sleep(config.get("start_delay", 0))  # lets a PBT test keep one trial behind the other
     tunekit.seed_everything(config.get("seed", 0))
     model = lightning_module(config)
-    train = torch.utils.data.DataLoader(regression_data(64, 1), batch_size=16, shuffle=True)
+    train = torch.utils.data.DataLoader(regression_data(config.get("samples", 64), 1), batch_size=16, shuffle=True)
     val = torch.utils.data.DataLoader(regression_data(32, 2), batch_size=32)
     trainer = pl.Trainer(max_epochs=config.get("epochs", 5), accelerator="cpu", devices=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
@@ -94,13 +99,18 @@ def hf_trainer(config: dict[str, Any], output_dir: str) -> Any:
         report_to="none", seed=config.get("seed", 0), use_cpu=True, disable_tqdm=True,
         dataloader_num_workers=0,
     )
+    class Pace(transformers.TrainerCallback):
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            time.sleep(config.get("epoch_sleep", 0))  # a PBT test keeps its trials running side by side
+
     return transformers.Trainer(model=model, args=args, train_dataset=TokenData(48, 1),
-                                eval_dataset=TokenData(16, 2))
+                                eval_dataset=TokenData(16, 2), callbacks=[Pace()])
 
 
 def train_transformers(config: dict[str, Any]) -> None:
     from tunekit.integrations import transformers as tk_transformers
 
+    time.sleep(config.get("start_delay", 0))
     trainer = hf_trainer(config, os.path.join(os.getcwd(), "hf"))
     tk_transformers.train(trainer, config=config, every_n_steps=config.get("every_n_steps"))
 

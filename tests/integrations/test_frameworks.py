@@ -151,24 +151,28 @@ def test_pbt_exploit_puts_the_mutated_learning_rate_in_effect(ray_session, frame
     from tunekit.pbt import pbt_setup
 
     trainable, config, _ = CASES[framework]
-    config = {**config, "epochs": 6, "gamma": 1.0, "schedule": "constant", "lr": tune.grid_search([1e-5, 0.05])}
+    config = {**config, "epochs": 8, "gamma": 1.0, "schedule": "constant", "samples": 256, "epoch_sleep": 0.4,
+              "lr": tune.grid_search([0.01, 1e-6]),
+              # Both trials run side by side, the poor one a little behind: a donor ahead of it to clone.
+              "start_delay": tune.sample_from(lambda spec: 1.0 if spec.config.lr < 1e-3 else 0.0)}
     lr_metric = "lr_in_effect" if framework == "lightning" else "learning_rate"
     loss = "train_loss" if framework == "lightning" else "loss"
     setup = pbt_setup(trainable, metric=loss, mode="min", perturbation_interval=1, quantile_fraction=0.5,
-                      mutations={"lr": [1e-4, 3e-3, 0.02, 0.08]}, resample_probability=0.5)
+                      mutations={"lr": [1e-4, 3e-3, 0.01, 0.02]}, resample_probability=0.5)
     grid = tune.Tuner(
         trainable, param_space=config,
-        tune_config=tune.TuneConfig(scheduler=setup.scheduler, **setup.tune_config_kwargs()),
-        run_config=tune.RunConfig(name="pbt", storage_path=str(storage), stop={"training_iteration": 6},
+        tune_config=tune.TuneConfig(**setup.tune_config_kwargs()),
+        run_config=tune.RunConfig(name="pbt", storage_path=str(storage), stop={"training_iteration": 8},
                                   checkpoint_config=setup.checkpoint_config, verbose=0),
     ).fit()
     assert not grid.errors, grid.errors
-    exploited = 0
+    exploited, seen = 0, []
     for result in grid:
         df = result.metrics_dataframe
         assert list(df[lr_metric]) == pytest.approx(list(df["config/lr"]), rel=1e-6)
         exploited += int((df["config/lr"].diff().fillna(0) != 0).sum())
-    assert exploited >= 1, "no exploit happened"
+        seen.append(list(zip(df["config/lr"], df[loss])))
+    assert exploited >= 1, f"no exploit happened: {seen}"
 
 
 def test_a_checkpoint_of_the_wrong_kind_is_refused_in_one_line(ray_session, plain, tmp_path):

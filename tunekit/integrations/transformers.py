@@ -97,7 +97,7 @@ def dump_trainer(trainer: Any) -> dict[str, Any]:
 
 
 #: The Trainer's private running sums kept in a checkpoint (tests/integrations checks they exist).
-_RUNNING = ("_tr_loss", "_total_loss_scalar", "_globalstep_last_logged", "current_flos")
+_RUNNING = ("_tr_loss", "_total_loss_scalar", "_globalstep_last_logged", "_initial_global_step", "current_flos")
 
 
 def _restore_running(trainer: Any, running: Mapping[str, Any]) -> None:
