@@ -4,11 +4,39 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 import tunekit
+
+
+DONE = 10**6
+
+
+def pace(config: dict[str, Any], epoch: int) -> None:
+    """Keep a PBT test's two trials in step: the follower starts epoch e once the leader started e + 1.
+
+    The leader has then reported epoch e (and, scored above the follower, been checkpointed), so when
+    the follower reports epoch e, a donor that is not behind it is there to clone. The leader starts
+    once the follower is up, so they overlap.
+    """
+    folder = config.get("pace_dir")
+    if not folder:
+        return
+    me, other = ("leader", "follower") if config.get("leader") else ("follower", "leader")
+    Path(folder, me).write_text(str(epoch))
+    if me == "leader" and epoch > 0:
+        return
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if int(Path(folder, other).read_text() or -1) > (-1 if me == "leader" else epoch):
+                return
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.02)
 
 
 def regression_data(n: int, seed: int) -> torch.utils.data.TensorDataset:
@@ -31,7 +59,10 @@ def lightning_module(config: dict[str, Any]) -> Any:
                                            torch.nn.Linear(16, 1))
 
         def on_train_epoch_start(self):
-            time.sleep(config.get("epoch_sleep", 0))  # a PBT test keeps its trials running side by side
+            pace(config, self.current_epoch)
+
+        def on_train_end(self):
+            pace(config, DONE)
 
         def training_step(self, batch, batch_idx):
             x, y = batch
@@ -58,7 +89,6 @@ def train_lightning(config: dict[str, Any]) -> None:
 
     from tunekit.integrations import lightning as tk_lightning
 
-    time.sleep(config.get("start_delay", 0))  # lets a PBT test keep one trial behind the other
     tunekit.seed_everything(config.get("seed", 0))
     model = lightning_module(config)
     train = torch.utils.data.DataLoader(regression_data(config.get("samples", 64), 1), batch_size=16, shuffle=True)
@@ -101,7 +131,10 @@ def hf_trainer(config: dict[str, Any], output_dir: str) -> Any:
     )
     class Pace(transformers.TrainerCallback):
         def on_epoch_begin(self, args, state, control, **kwargs):
-            time.sleep(config.get("epoch_sleep", 0))  # a PBT test keeps its trials running side by side
+            pace(config, round(state.epoch))
+
+        def on_train_end(self, args, state, control, **kwargs):
+            pace(config, DONE)
 
     return transformers.Trainer(model=model, args=args, train_dataset=TokenData(48, 1),
                                 eval_dataset=TokenData(16, 2), callbacks=[Pace()])
@@ -110,7 +143,6 @@ def hf_trainer(config: dict[str, Any], output_dir: str) -> Any:
 def train_transformers(config: dict[str, Any]) -> None:
     from tunekit.integrations import transformers as tk_transformers
 
-    time.sleep(config.get("start_delay", 0))
     trainer = hf_trainer(config, os.path.join(os.getcwd(), "hf"))
     tk_transformers.train(trainer, config=config, every_n_steps=config.get("every_n_steps"))
 

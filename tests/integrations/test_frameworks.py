@@ -151,10 +151,10 @@ def test_pbt_exploit_puts_the_mutated_learning_rate_in_effect(ray_session, frame
     from tunekit.pbt import pbt_setup
 
     trainable, config, _ = CASES[framework]
-    config = {**config, "epochs": 8, "gamma": 1.0, "schedule": "constant", "samples": 256, "epoch_sleep": 0.4,
-              "lr": tune.grid_search([0.01, 1e-6]),
-              # Both trials run side by side, the poor one a little behind: a donor ahead of it to clone.
-              "start_delay": tune.sample_from(lambda spec: 1.0 if spec.config.lr < 1e-3 else 0.0)}
+    config = {**config, "epochs": 6, "gamma": 1.0, "schedule": "constant", "samples": 256,
+              "lr": tune.grid_search([0.01, 1e-6]), "pace_dir": str(storage),
+              # The poor trial follows the good one epoch by epoch (tests/integrations/models.py:pace).
+              "leader": tune.sample_from(lambda spec: spec.config.lr >= 1e-3)}
     lr_metric = "lr_in_effect" if framework == "lightning" else "learning_rate"
     loss = "train_loss" if framework == "lightning" else "loss"
     setup = pbt_setup(trainable, metric=loss, mode="min", perturbation_interval=1, quantile_fraction=0.5,
@@ -162,7 +162,7 @@ def test_pbt_exploit_puts_the_mutated_learning_rate_in_effect(ray_session, frame
     grid = tune.Tuner(
         trainable, param_space=config,
         tune_config=tune.TuneConfig(**setup.tune_config_kwargs()),
-        run_config=tune.RunConfig(name="pbt", storage_path=str(storage), stop={"training_iteration": 8},
+        run_config=tune.RunConfig(name="pbt", storage_path=str(storage), stop={"training_iteration": 6},
                                   checkpoint_config=setup.checkpoint_config, verbose=0),
     ).fit()
     assert not grid.errors, grid.errors
@@ -230,3 +230,27 @@ def test_framework_internals_relied_on_are_there(tmp_path):
     hf = hf_trainer({"lr": 0.01, "epochs": 1}, str(tmp_path))
     hf.train()
     assert all(hasattr(hf, name) for name in _RUNNING)
+
+
+def test_a_transformers_checkpoint_exports_as_one_the_trainer_resumes_from(ray_session, plain, tmp_path):
+    from tests.integrations.models import hf_trainer
+    from tunekit.integrations.transformers import to_trainer_checkpoint
+
+    source = plain("transformers").checkpoint.path
+    exported = to_trainer_checkpoint(source, str(tmp_path / "checkpoint-24"))
+    trainer = hf_trainer({**CASES["transformers"][1], "epochs": 5}, str(tmp_path / "out"))
+    import transformers
+
+    steps = []
+
+    class Count(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            steps.append(state.global_step)
+
+    trainer.add_callback(Count())
+    trainer.train(resume_from_checkpoint=exported)  # plain Hugging Face, no Tune
+    # It went on from step 24 (the history of the 4 epochs before came with the checkpoint): one more epoch.
+    assert steps == list(range(25, 31))
+    assert [r["epoch"] for r in trainer.state.log_history if "eval_loss" in r] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    with pytest.raises(CheckpointError, match="a lightning checkpoint; expected one written by"):
+        to_trainer_checkpoint(plain("lightning").checkpoint.path, str(tmp_path / "x"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -13,6 +14,8 @@ NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 SMALL = {
     "quickstart.ipynb": "NUM_SAMPLES = 2\nMAX_ITERATIONS = 3\nSTORAGE = None",
     "pbt_analysis.ipynb": "NUM_SAMPLES = 4\nMAX_ITERATIONS = 4\nINTERVAL = 2",
+    "lightning.ipynb": "NUM_SAMPLES = 2\nEPOCHS = 3",
+    "transformers.ipynb": "LEARNING_RATES = [1e-3, 3e-3]\nEPOCHS = 2",
 }
 
 
@@ -33,6 +36,12 @@ def test_notebook_executes(name, tmp_path, monkeypatch):
     assert not errors
     if name == "quickstart.ipynb":
         assert "validation accuracy of the loaded model:" in outputs and "best trial:" in outputs
+    elif name == "lightning.ipynb":
+        assert "accuracy of the loaded model:" in outputs and "continued: [4, 5] val_accuracy" in outputs
+        assert re.search(r"(\d+) checkpoints in 2 trials: \1 good", outputs)  # tunekit verify: all good
+    elif name == "transformers.ipynb":
+        assert "trainer checkpoint files: ['optimizer.pt', 'pytorch_model.bin', 'rng_state.pth'," in outputs
+        assert re.search(r"(\d+) checkpoints in 2 trials: \1 good", outputs)
     else:
         assert "index.html" in outputs and "->" in outputs  # ancestry of an exploited trial
         assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)

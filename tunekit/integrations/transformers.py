@@ -30,8 +30,9 @@ What a trial does:
   (``state.pt`` with a manifest), taken whenever Tune asks, two-phase like
   every tunekit save.
 * Resume (a retry, ``tunekit resume``, a PBT exploit, a ``"continue"`` warm
-  start) writes those contents as a Trainer checkpoint directory
-  (:func:`to_trainer_checkpoint`, the same files the Trainer writes) and
+  start) writes those contents as a Trainer checkpoint directory (the
+  files the Trainer writes; :func:`to_trainer_checkpoint` does it for any
+  checkpoint of such a trial) and
   calls ``trainer.train(resume_from_checkpoint=...)``: the Trainer skips the
   batches already trained and restores the RNG streams itself, so the run
   goes on bit-exactly, at epoch ends and within an epoch.
@@ -57,7 +58,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from tunekit.errors import ConfigTypeError
+from tunekit.errors import CheckpointError, ConfigTypeError
 from tunekit.function import FunctionSession
 from tunekit.integrations._common import (
     Reporter,
@@ -141,19 +142,10 @@ def _hf_rng(rng: dict[str, Any]) -> dict[str, Any]:
         restore_rng(mine)
 
 
-def to_trainer_checkpoint(contents: Mapping[str, Any], model: Any, rng: dict[str, Any] | None,
-                          directory: str) -> str:
-    """Write a Hugging Face Trainer checkpoint directory (what ``resume_from_checkpoint`` reads).
-
-    Args:
-        contents: The Trainer part of a tunekit checkpoint of a Transformers
-            trial (``extras["tunekit/framework:transformers"]``).
-        model: The model, holding the checkpoint's weights.
-        rng: The checkpoint's RNG streams (``state["rng"]``), or None.
-        directory: Where to write (created).
-    """
+def _write_trainer_checkpoint(contents: Mapping[str, Any], weights: Mapping[str, Any], rng: dict[str, Any] | None,
+                              directory: str) -> str:
     os.makedirs(directory, exist_ok=True)
-    torch.save(model.state_dict(), os.path.join(directory, "pytorch_model.bin"))
+    torch.save(dict(weights), os.path.join(directory, "pytorch_model.bin"))
     torch.save(contents["optimizer"], os.path.join(directory, "optimizer.pt"))
     if contents.get("scheduler") is not None:
         torch.save(contents["scheduler"], os.path.join(directory, "scheduler.pt"))
@@ -164,6 +156,34 @@ def to_trainer_checkpoint(contents: Mapping[str, Any], model: Any, rng: dict[str
     if rng is not None:
         torch.save(_hf_rng(rng), os.path.join(directory, "rng_state.pth"))
     return directory
+
+
+def to_trainer_checkpoint(checkpoint: Any, directory: str) -> str:
+    """Write a tunekit checkpoint of a Transformers trial out as a Trainer checkpoint directory.
+
+    The files the Trainer writes and ``Trainer.train(resume_from_checkpoint=directory)``
+    reads: ``pytorch_model.bin``, ``optimizer.pt``, ``scheduler.pt``,
+    ``scaler.pt`` (with a grad scaler), ``trainer_state.json``,
+    ``rng_state.pth``. (No ``config.json``: save the model's config with it
+    to load it with ``from_pretrained``.)
+
+    Args:
+        checkpoint: A tunekit checkpoint (path, URI or ``tune.Checkpoint``); verified as it is read.
+        directory: Where to write (created).
+
+    Raises:
+        CheckpointError: it is damaged, or not a Transformers trial's checkpoint.
+    """
+    from tunekit.checkpoint import read_state
+    from tunekit.integrations._common import KEY_PREFIX, framework_of
+
+    state = read_state(checkpoint)
+    if framework_of(state) != "transformers":
+        kind = framework_of(state) or "plain tunekit trainable"
+        raise CheckpointError(f"to_trainer_checkpoint({checkpoint}): a {kind} checkpoint; expected one "
+                              "written by tunekit.integrations.transformers")
+    return _write_trainer_checkpoint(state["extras"][KEY_PREFIX + "transformers"], state["models"]["model"],
+                                     state["rng"], directory)
 
 
 _CALLBACKS: dict[str, type] = {}
@@ -276,8 +296,8 @@ def train(
     resume_dir = running = None
     if state.restored is not None:  # Tune's checkpoint or a "continue" warm start: the Trainer restores it
         running = state.restored.get("running")
-        resume_dir = to_trainer_checkpoint(state.restored, trainer.model, state.pending_rng,
-                                           tempfile.mkdtemp(prefix="tunekit-hf-"))
+        resume_dir = _write_trainer_checkpoint(state.restored, trainer.model.state_dict(), state.pending_rng,
+                                               tempfile.mkdtemp(prefix="tunekit-hf-"))
         state.restored = state.pending_rng = None
     callback = _callback_class(transformers)(reporter, state, trainer, resume_dir, running)
     trainer.add_callback(callback)
