@@ -27,7 +27,7 @@ def test_exactly_two_setup_commands():
 
 
 def test_user_path_example_runs(tmp_path):
-    (example,) = [b for b in _blocks("python") if "tune.Tuner(" in b]
+    (example,) = [b for b in _blocks("python") if "tune.Tuner(" in b and "TorchTrainable" in b]
     script = tmp_path / "example.py"
     script.write_text(
         "import ray\nray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)\n" + example
