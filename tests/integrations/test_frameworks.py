@@ -254,3 +254,15 @@ def test_a_transformers_checkpoint_exports_as_one_the_trainer_resumes_from(ray_s
     assert [r["epoch"] for r in trainer.state.log_history if "eval_loss" in r] == [1.0, 2.0, 3.0, 4.0, 5.0]
     with pytest.raises(CheckpointError, match="a lightning checkpoint; expected one written by"):
         to_trainer_checkpoint(plain("lightning").checkpoint.path, str(tmp_path / "x"))
+
+
+def test_lightning_iterations_of_n_steps(ray_session, storage):
+    """every_n_steps=3 over 2 epochs of 4 steps: iterations end at steps 3 and 6, and at the end (8).
+
+    ``epoch`` is Lightning's ``current_epoch``: the epoch in progress, 2 once both are done.
+    """
+    results, saved = run_actor(TrainLightning, {**CASES["lightning"][1], "epochs": 2, "every_n_steps": 3},
+                               storage, "steps", 3)
+    assert [(r["training_iteration"], r["step"], r["epoch"]) for r in results] == [(1, 3, 0), (2, 6, 1), (3, 8, 2)]
+    assert all("train_loss" in r for r in results[1:])  # logged each epoch (on_epoch=True), so from epoch 1 on
+    assert read_state(saved.checkpoint.path)["counters"]["step"] == 8
