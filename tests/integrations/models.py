@@ -46,8 +46,10 @@ def regression_data(n: int, seed: int) -> torch.utils.data.TensorDataset:
     return torch.utils.data.TensorDataset(x, y)
 
 
-def lightning_module(config: dict[str, Any]) -> Any:
-    import lightning.pytorch as pl
+def lightning_module(config: dict[str, Any], package: str = "lightning.pytorch") -> Any:
+    import importlib
+
+    pl = importlib.import_module(package)
 
     class Regressor(pl.LightningModule):
         """An MLP with dropout (draws random numbers), SGD with momentum and a step schedule."""
@@ -85,12 +87,14 @@ def lightning_module(config: dict[str, Any]) -> Any:
 
 def train_lightning(config: dict[str, Any]) -> None:
     """A Lightning run as users write it, with tunekit's fit in place of trainer.fit."""
-    import lightning.pytorch as pl
+    import importlib
 
     from tunekit.integrations import lightning as tk_lightning
 
+    package = config.get("package", "lightning.pytorch")  # or "pytorch_lightning", as Ray's docs import it
+    pl = importlib.import_module(package)
     tunekit.seed_everything(config.get("seed", 0))
-    model = lightning_module(config)
+    model = lightning_module(config, package)
     train = torch.utils.data.DataLoader(regression_data(config.get("samples", 64), 1), batch_size=16, shuffle=True)
     val = torch.utils.data.DataLoader(regression_data(32, 2), batch_size=32)
     trainer = pl.Trainer(max_epochs=config.get("epochs", 5), accelerator="cpu", devices=1, logger=False,

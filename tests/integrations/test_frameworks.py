@@ -266,3 +266,13 @@ def test_lightning_iterations_of_n_steps(ray_session, storage):
     assert [(r["training_iteration"], r["step"], r["epoch"]) for r in results] == [(1, 3, 0), (2, 6, 1), (3, 8, 2)]
     assert all("train_loss" in r for r in results[1:])  # logged each epoch (on_epoch=True), so from epoch 1 on
     assert read_state(saved.checkpoint.path)["counters"]["step"] == 8
+
+
+def test_pytorch_lightning_package_too(ray_session, storage):
+    """Code that imports ``pytorch_lightning`` (as Ray's docs do) runs the same way."""
+    pytest.importorskip("pytorch_lightning")
+    config = {**CASES["lightning"][1], "epochs": 2, "package": "pytorch_lightning"}
+    results, saved = run_actor(TrainLightning, config, storage, "pl", 2)
+    reference, _ = run_actor(TrainLightning, {**config, "package": "lightning.pytorch"}, storage, "l", 2)
+    assert [r["train_loss"] for r in results] == [r["train_loss"] for r in reference]
+    assert "optimizer_states" in read_state(saved.checkpoint.path)["extras"][KEY + "lightning"]
