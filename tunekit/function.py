@@ -56,6 +56,7 @@ from tunekit.state import TrainingState
 from tunekit.trial_checkpoint import (
     BackgroundSaves,
     background_saves_enabled,
+    checkpoint_metrics,
     clone_in_worker,
     confirm_remote_upload,
     prepare_restore,
@@ -137,6 +138,7 @@ class FunctionSession:
                     directory, state, config=self.config, mutable=self.mutable, apply=self._apply,
                     verify=verified is None or verified != checkpoint.path,
                 )
+                self._metrics = checkpoint_metrics(directory)
             self.restored_from = checkpoint.path
         else:
             # A warm start in the trial's config (tunekit.warm_start), when not restoring.
@@ -331,7 +333,7 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
 
 
 def function_trainable(
-    train_fn: Callable[[dict[str, Any]], Any], *, name: str | None = None
+    train_fn: Callable[[dict[str, Any]], Any], *, name: str | None = None, mutable: tuple[str, ...] | None = None
 ) -> type[tune.Trainable]:
     """Wrap a training function that uses :class:`FunctionSession` into a trainable.
 
@@ -342,6 +344,10 @@ def function_trainable(
     Args:
         train_fn: ``train_fn(config)``, reporting through a FunctionSession.
         name: The trainable's name (default: the function's name).
+        mutable: The hyperparameters the function's session changes in place
+            (what :func:`tunekit.pbt.pbt_setup` accepts as mutations; default
+            :data:`~tunekit.hparams.DEFAULT_MUTABLE`); say so when the session
+            is given others (``tunekit.integrations.transformers.MUTABLE``).
 
     Raises:
         TypeError: ``train_fn`` is not a function of exactly one argument.
@@ -358,9 +364,10 @@ def function_trainable(
             "must take exactly one argument, config"
         )
     label = name or getattr(train_fn, "__name__", "function")
-    cls = type(
-        label,
-        (_CheckpointingFunctionTrainable,),
-        {"_train_fn": staticmethod(train_fn), "_name": label, "__module__": __name__},
-    )
-    return cls
+    namespace: dict[str, Any] = {"_train_fn": staticmethod(train_fn), "_name": label, "__module__": __name__}
+    if mutable is not None:
+        if isinstance(mutable, str) or not all(isinstance(k, str) for k in mutable):
+            raise ConfigTypeError(f"function_trainable(mutable={mutable!r}): expected a tuple of config keys")
+        keys = tuple(mutable)
+        namespace["mutable"] = classmethod(lambda cls: keys)
+    return type(label, (_CheckpointingFunctionTrainable,), namespace)

@@ -21,6 +21,7 @@ from tunekit.state import TrainingState
 from tunekit.trial_checkpoint import (
     BackgroundSaves,
     background_saves_enabled,
+    checkpoint_metrics,
     clone_in_worker,
     confirm_remote_upload,
     local_request,
@@ -277,6 +278,7 @@ class TorchTrainable(tune.Trainable):
             verify=os.path.abspath(checkpoint) != os.path.abspath(self._verified or ""),
         )
         self._saved = None
+        self._metrics = checkpoint_metrics(checkpoint)  # what a save before the next step records
 
     @property
     def _reusable_slot(self) -> ReusableSlot:

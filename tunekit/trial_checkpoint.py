@@ -433,6 +433,20 @@ def restore_trial_state(
     return changed
 
 
+def checkpoint_metrics(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The metrics a checkpoint records (its iteration's), or None.
+
+    A trainable restored from a checkpoint takes them as its own until it
+    reports again, so a checkpoint saved before then (PBT saving a trial just
+    cloned) records the metrics of the state it holds, not none.
+    """
+    try:
+        metrics = read_metadata(os.fspath(directory)).get("metrics")
+    except CheckpointError:
+        return None
+    return dict(metrics) if isinstance(metrics, dict) and metrics else None
+
+
 def _as_training_result(checkpoint: Any) -> TrainingResult:
     if isinstance(checkpoint, (str, os.PathLike)):
         checkpoint = tune.Checkpoint.from_directory(os.fspath(checkpoint))

@@ -127,7 +127,7 @@ def hf_trainer(config: dict[str, Any], output_dir: str) -> Any:
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=2))
     args = transformers.TrainingArguments(
-        output_dir=output_dir, num_train_epochs=config.get("epochs", 5), learning_rate=config["lr"],
+        output_dir=output_dir, num_train_epochs=config.get("epochs", 5), learning_rate=config["learning_rate"],
         lr_scheduler_type=config.get("schedule", "linear"), per_device_train_batch_size=8,
         per_device_eval_batch_size=16, eval_strategy="epoch", logging_strategy="epoch", save_strategy="no",
         report_to="none", seed=config.get("seed", 0), use_cpu=True, disable_tqdm=True,
@@ -151,4 +151,10 @@ def train_transformers(config: dict[str, Any]) -> None:
     tk_transformers.train(trainer, config=config, every_n_steps=config.get("every_n_steps"))
 
 
-TrainTransformers = tunekit.function_trainable(train_transformers, name="TrainTransformers")
+def _transformers_trainable() -> Any:
+    from tunekit.integrations.transformers import MUTABLE
+
+    return tunekit.function_trainable(train_transformers, name="TrainTransformers", mutable=MUTABLE)
+
+
+TrainTransformers = _transformers_trainable()

@@ -23,8 +23,10 @@ KEY = "tunekit/framework:"
 #: Per framework: the trainable, its config, the iterations of the reference run (one per epoch).
 CASES = {
     "lightning": (TrainLightning, {"lr": 0.05, "seed": 3, "epochs": 5}, 5),
-    "transformers": (TrainTransformers, {"lr": 0.01, "seed": 3, "epochs": 4}, 4),
+    "transformers": (TrainTransformers, {"learning_rate": 0.01, "seed": 3, "epochs": 4}, 4),
 }
+#: The learning rate's config key: as each framework's users name it.
+LR = {"lightning": "lr", "transformers": "learning_rate"}
 
 
 @pytest.fixture(params=sorted(CASES))
@@ -133,7 +135,8 @@ def test_warm_starts(ray_session, framework, storage, plain):
     _same_training_state(a, b, framework)
     assert b["extras"]["tunekit/warm_start"] == {"checkpoint": source, "mode": "continue", "iteration": 2}
 
-    tuned = _fit(trainable, storage, "weights", config={**config, "lr": 0.002, **warm_start(source, mode="weights")},
+    tuned = _fit(trainable, storage, "weights", config={**config, LR[framework]: 0.002,
+                                                        **warm_start(source, mode="weights")},
                  stop=1, checkpoint_at_end=True)
     state = read_state(tuned.checkpoint.path)
     part = state["extras"][KEY + framework]
@@ -152,13 +155,13 @@ def test_pbt_exploit_puts_the_mutated_learning_rate_in_effect(ray_session, frame
 
     trainable, config, _ = CASES[framework]
     config = {**config, "epochs": 6, "gamma": 1.0, "schedule": "constant", "samples": 256,
-              "lr": tune.grid_search([0.01, 1e-6]), "pace_dir": str(storage),
+              LR[framework]: tune.grid_search([0.01, 1e-6]), "pace_dir": str(storage),
               # The poor trial follows the good one epoch by epoch (tests/integrations/models.py:pace).
-              "leader": tune.sample_from(lambda spec: spec.config.lr >= 1e-3)}
+              "leader": tune.sample_from(lambda spec: spec.config[LR[framework]] >= 1e-3)}
     lr_metric = "lr_in_effect" if framework == "lightning" else "learning_rate"
     loss = "train_loss" if framework == "lightning" else "loss"
     setup = pbt_setup(trainable, metric=loss, mode="min", perturbation_interval=1, quantile_fraction=0.5,
-                      mutations={"lr": [1e-4, 3e-3, 0.01, 0.02]}, resample_probability=0.5)
+                      mutations={LR[framework]: [1e-4, 3e-3, 0.01, 0.02]}, resample_probability=0.5)
     grid = tune.Tuner(
         trainable, param_space=config,
         tune_config=tune.TuneConfig(**setup.tune_config_kwargs()),
@@ -169,9 +172,10 @@ def test_pbt_exploit_puts_the_mutated_learning_rate_in_effect(ray_session, frame
     exploited, seen = 0, []
     for result in grid:
         df = result.metrics_dataframe
-        assert list(df[lr_metric]) == pytest.approx(list(df["config/lr"]), rel=1e-6)
-        exploited += int((df["config/lr"].diff().fillna(0) != 0).sum())
-        seen.append(list(zip(df["config/lr"], df[loss])))
+        key = f"config/{LR[framework]}"
+        assert list(df[lr_metric]) == pytest.approx(list(df[key]), rel=1e-6)
+        exploited += int((df[key].diff().fillna(0) != 0).sum())
+        seen.append(list(zip(df[key], df[loss])))
     assert exploited >= 1, f"no exploit happened: {seen}"
 
 
@@ -227,7 +231,7 @@ def test_framework_internals_relied_on_are_there(tmp_path):
 
     trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
     assert "weights_only" in inspect.signature(trainer._checkpoint_connector.dump_checkpoint).parameters
-    hf = hf_trainer({"lr": 0.01, "epochs": 1}, str(tmp_path))
+    hf = hf_trainer({"learning_rate": 0.01, "epochs": 1}, str(tmp_path))
     hf.train()
     assert all(hasattr(hf, name) for name in _RUNNING)
 

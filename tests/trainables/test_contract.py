@@ -22,7 +22,7 @@ from tests.trainables.contract import (
     tensors_equal,
     worker_logs_mention,
 )
-from tunekit import read_state, verify_checkpoint, warm_start
+from tunekit import read_metadata, read_state, verify_checkpoint, warm_start
 from tunekit.callbacks import CheckpointByStepsTaken
 from tunekit.trainables import DigitsTrainable, TrainDigits
 
@@ -293,3 +293,16 @@ def test_plain_function_checkpoints_on_request_and_resumes(ray_session, storage)
     assert result.error is None
     assert checkpoint_iterations(Path(result.path)) == [2, 4]
     assert result.metrics["training_iteration"] == 4
+
+
+def test_a_save_right_after_restore_records_the_restored_metrics(ray_session, storage):
+    """PBT may save a trial it just cloned before it trains again: that checkpoint says how good its state is."""
+    _, first = run_actor(DigitsTrainable, CONFIG, storage, "m1", 2)
+    actor = make_actor(DigitsTrainable, CONFIG, storage, "m2")
+    try:
+        ray.get(actor.restore.remote(first))
+        again = ray.get(actor.save.remote())
+    finally:
+        end_actor(actor)
+    metrics = read_metadata(first.checkpoint.path)["metrics"]
+    assert "accuracy" in metrics and read_metadata(again.checkpoint.path)["metrics"] == metrics
