@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -11,11 +10,8 @@ from tunekit.errors import CheckpointError, ConfigError
 from tunekit.function import FunctionSession
 from tunekit.state import TrainingState
 
-logger = logging.getLogger(__name__)
-
 #: ``TrainingState.extras`` key prefix of a framework's own training state.
 KEY_PREFIX = "tunekit/framework:"
-FRAMEWORKS = ("lightning", "transformers")
 #: Hyperparameters an integration changes in place on the framework's optimizers (PBT).
 OPTIMIZER_KEYS = ("lr", "learning_rate", "momentum", "weight_decay")
 

@@ -50,7 +50,6 @@ dataloader's epoch from its first batch. Set ``enable_checkpointing=False``
 from __future__ import annotations
 
 import inspect
-import logging
 import os
 import tempfile
 from typing import Any, Mapping
@@ -70,8 +69,6 @@ from tunekit.integrations._common import (
 from tunekit.rng import restore_rng
 
 __all__ = ["fit"]
-
-logger = logging.getLogger(__name__)
 
 #: Hyperparameters a PBT exploit changes in place on Lightning's optimizers.
 MUTABLE = ("lr", "momentum", "weight_decay")
