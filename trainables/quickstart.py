@@ -14,7 +14,7 @@ import pyarrow.fs as pafs
 from tunekit._checks import integer_at_least, number_at_least
 from tunekit.errors import ConfigError, first_line
 from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
-from tunekit.snapshot import best_of, read_experiment
+from tunekit.snapshot import read_experiment
 from tunekit.storage import DEFAULT_STORAGE_PATH, check_cluster_storage, probe_storage, resolve_storage
 from tunekit.table import format_table
 
@@ -193,7 +193,7 @@ def run_quickstart(
     for result in grid:
         metrics = result.metrics or {}
         trial_id = str(metrics.get("trial_id", "?"))
-        own = best_of(trials[trial_id].checkpoints, METRIC, "max") if trial_id in trials else None
+        own = snapshot.best_checkpoint_of(trials[trial_id], METRIC, "max").checkpoint if trial_id in trials else None
         rows.append(
             {
                 "trial": trial_id,

@@ -12,7 +12,11 @@ from typing import Any
 
 from tunekit.errors import ConfigError
 
-__all__ = ["integer_at_least", "is_number", "number_at_least", "positive_number"]
+__all__ = ["SCOPES", "check_mode", "check_scope", "integer_at_least", "is_number", "number_at_least", "positive_number"]
+
+#: How a trial's series of a metric is reduced to one value when trials are ranked
+#: (``"avg"``, Ray's word, is taken for ``"mean"``).
+SCOPES = ("last", "max", "min", "mean")
 
 
 def _is_int(value: Any) -> bool:
@@ -50,3 +54,24 @@ def positive_number(call: str, name: str, value: Any, *, allow_zero: bool = Fals
     if not is_number(value) or not (value >= 0 if allow_zero else value > 0):
         raise ConfigError(f"{call}({name}={value!r}): must be a finite number {'>= 0' if allow_zero else '> 0'}")
     return float(value)
+
+
+def check_mode(call: str, mode: Any) -> str:
+    """``mode`` if it is ``"max"`` or ``"min"``; else ConfigError.
+
+    >>> check_mode("best_trial", "best")
+    Traceback (most recent call last):
+    tunekit.errors.ConfigError: best_trial(mode='best'): expected 'max' or 'min'
+    """
+    if mode not in ("max", "min"):
+        raise ConfigError(f"{call}(mode={mode!r}): expected 'max' or 'min'")
+    return str(mode)
+
+
+def check_scope(call: str, scope: Any) -> str:
+    """``scope`` as one of :data:`SCOPES` (``"avg"`` is ``"mean"``); else ConfigError."""
+    if scope == "avg":
+        return "mean"
+    if scope not in SCOPES:
+        raise ConfigError(f"{call}(scope={scope!r}): expected 'last', 'max', 'min' or 'mean'")
+    return str(scope)

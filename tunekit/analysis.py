@@ -10,10 +10,10 @@ Example:
 from __future__ import annotations
 
 import io
-import json
 import logging
 import math
 import posixpath
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -25,11 +25,12 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from tunekit._checks import check_mode, check_scope
 from tunekit.checkpoint import load_model
 from tunekit.errors import ConfigError, ExperimentError, StorageError
 from tunekit.experiment_dir import find_trials
-from tunekit.results import format_ranges, missing_iterations, parse_result_lines, read_text
-from tunekit.snapshot import ExperimentSnapshot, best_of, read_experiment
+from tunekit.results import format_ranges, lost_iterations, parse_result_lines, read_text
+from tunekit.snapshot import BestCheckpoint, ExperimentSnapshot, read_experiment
 from tunekit.storage import Storage, resolve_storage
 from tunekit.table import RESULTS_DIR, flatten_result, is_number
 
@@ -45,7 +46,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Scope = Literal["last", "max", "min", "mean"]
+Scope = Literal["last", "max", "min", "mean", "avg"]
 _ITER = "training_iteration"
 
 
@@ -148,6 +149,7 @@ def load_results(
     filesystem: Any = None,
     source: Literal["auto", "parquet", "json"] = "auto",
     warm_start_history: bool = True,
+    snapshot: ExperimentSnapshot | None = None,
     _seen: frozenset[str] = frozenset(),
 ) -> pd.DataFrame:
     """All results of all trials: one row per trial and iteration.
@@ -166,6 +168,14 @@ def load_results(
             rows of the trial it continued, up to the checkpoint it started
             from, marked with ``inherited_from`` (that trial's id): every
             iteration of its history once.
+        snapshot: The experiment as already read (:func:`tunekit.snapshot.read_experiment`), so
+            that nothing is read twice; read here when not given.
+
+    The damage found while reading (a state file or result lines that could
+    not be read, checkpoints that failed verification) is in
+    ``df.attrs["problems"]``, and each trial's rows Ray lost (gaps that no PBT
+    exploit or warm start explains) in ``df.attrs["missing_iterations"]``;
+    both also come as a warning.
 
     Raises:
         ExperimentError: not an experiment, or ``source="parquet"`` and no dataset.
@@ -186,21 +196,28 @@ def load_results(
     if warm_start_history:
         df = _with_warm_start_history(df, experiment, _seen=_seen)
     df = _order_columns(df)
+    snap = snapshot if snapshot is not None else read_experiment(experiment)
     if _ITER in df.columns:
+        continued = {t.trial_id for t in snap.trials if t.continued}
         gaps = {
             str(trial): missing
             for trial, iterations in df.groupby("trial_id", sort=True)[_ITER]
-            if (missing := missing_iterations(iterations.tolist()))
+            if (missing := lost_iterations(
+                iterations.tolist(),
+                clones=[(e.iteration, e.source_iteration) for e in snap.exploits if e.target == str(trial)],
+                continued=str(trial) in continued))
         }
         if gaps:
             df.attrs["missing_iterations"] = gaps
-            logger.warning(
-                "%s: %d trial(s) lack result rows (%s); Ray's result.json lost them "
-                "(add tunekit.callbacks.ParquetLogger to keep every row)",
-                experiment.uri,
-                len(gaps),
-                "; ".join(f"{t}: iterations {format_ranges(m)}" for t, m in sorted(gaps.items())[:5]),
+            warnings.warn(
+                f"{experiment.uri}: {len(gaps)} trial(s) lack result rows "
+                f"({'; '.join(f'{t}: iterations {format_ranges(m)}' for t, m in sorted(gaps.items())[:5])}); "
+                "Ray's result.json lost them (add tunekit.callbacks.ParquetLogger to keep every row)",
+                stacklevel=2,
             )
+    if snap.problems:
+        df.attrs["problems"] = list(snap.problems)
+        warnings.warn(f"{experiment.uri} is damaged: {'; '.join(snap.problems)}", stacklevel=2)
     return df
 
 
@@ -263,16 +280,24 @@ class BestTrial:
     checkpoint: str | None
 
 
-def _trial_scores(df: pd.DataFrame, metric: str, scope: Scope) -> pd.Series:
-    if metric not in df.columns:
-        raise ConfigError(f"metric {metric!r} is not in the results; they have {sorted(df.columns)[:20]}")
+def _trial_scores(df: pd.DataFrame, metric: str, scope: str) -> pd.Series:
     values = pd.to_numeric(df[metric], errors="coerce")
     grouped = values.groupby(df["trial_id"])
     if scope == "last":
         return grouped.agg(lambda s: s.dropna().iloc[-1] if s.notna().any() else float("nan")).dropna()
-    if scope not in ("max", "min", "mean"):
-        raise ConfigError(f"scope={scope!r}: expected 'last', 'max', 'min' or 'mean'")
     return getattr(grouped, scope)().dropna()
+
+
+def _check_metric(df: pd.DataFrame, metric: str, call: str) -> None:
+    if metric not in df.columns:
+        known = sorted(c for c in df.columns if not c.startswith("config/") and pd.api.types.is_numeric_dtype(df[c]))
+        shown = ", ".join(known[:15]) + (", ..." if len(known) > 15 else "")
+        raise ConfigError(f"{call}: no trial reported metric {metric!r}; the trials reported: {shown}")
+
+
+def _warn_skipped(best: BestCheckpoint) -> None:
+    for line in best.skipped:
+        warnings.warn(f"best checkpoint: passed over {line}", stacklevel=3)
 
 
 def best_trial(
@@ -286,15 +311,20 @@ def best_trial(
 ) -> BestTrial:
     """The best trial by ``metric`` over its ``scope`` (last/max/min/mean), with its best checkpoint.
 
-    The best checkpoint is the trial's checkpoint with the best ``metric``
-    (its latest if none records it).
+    Trials are ranked on every row :func:`load_results` has (the Parquet
+    dataset when there is one). The checkpoint is the trial's best checkpoint
+    by ``metric`` *that verifies* (its newest good one if none records it);
+    one that does not verify is passed over with a warning
+    (:meth:`tunekit.snapshot.ExperimentSnapshot.best_checkpoint_of`).
     """
-    if mode not in ("max", "min"):
-        raise ConfigError(f"best_trial(mode={mode!r}): expected 'max' or 'min'")
+    check_mode("best_trial", mode)
+    scope = check_scope("best_trial", scope)  # type: ignore[assignment]
     experiment = resolve_storage(location)
-    df = results if results is not None else load_results(experiment)
+    snap = snapshot or read_experiment(experiment)
+    df = results if results is not None else load_results(experiment, snapshot=snap)
     if df.empty:
         raise ExperimentError(f"{experiment.uri}: no results yet")
+    _check_metric(df, metric, "best_trial")
     scores = _trial_scores(df, metric, scope)
     if scores.empty:
         raise ExperimentError(f"{experiment.uri}: no trial reported {metric!r}")
@@ -305,10 +335,13 @@ def best_trial(
         for c, v in rows.iloc[-1].items()
         if c.startswith("config/") and pd.notna(v)
     }
-    snap = snapshot or read_experiment(experiment)
     trial = next((t for t in snap.trials if t.trial_id == trial_id or t.name == trial_id), None)
-    chosen = best_of(trial.checkpoints, metric, mode) if trial is not None else None
-    return BestTrial(trial_id, metric, float(scores[trial_id]), config, chosen.uri if chosen else None)
+    uri = None
+    if trial is not None:
+        best = snap.best_checkpoint_of(trial, metric, mode)
+        _warn_skipped(best)
+        uri = best.uri
+    return BestTrial(trial_id, metric, float(scores[trial_id]), config, uri)
 
 
 def best_checkpoint(
@@ -318,28 +351,32 @@ def best_checkpoint(
     mode: Literal["max", "min"],
     scope: Scope | None = None,
 ) -> str:
-    """The URI (or path) of the best checkpoint for ``metric``.
+    """The URI (or path) of the best checkpoint for ``metric`` that verifies.
 
     By default the best checkpoint across all trials (the one on storage with
     the best recorded ``metric``; see
     :meth:`tunekit.snapshot.ExperimentSnapshot.best_checkpoint`), which is
-    what ``tunekit quickstart`` and ``tunekit status --metric --mode`` name.
-    With a ``scope``, the best trial by that scope (see :func:`best_trial`)
-    and then that trial's best checkpoint.
+    what ``tunekit quickstart``, ``tunekit status --metric --mode`` and
+    ``tunekit report`` name. With a ``scope``, the best trial by that scope
+    (see :func:`best_trial`) and then that trial's best checkpoint. A
+    checkpoint that does not verify is never returned: the next best good one
+    is, with a warning naming what was passed over.
     """
-    if mode not in ("max", "min"):
-        raise ConfigError(f"best_checkpoint(mode={mode!r}): expected 'max' or 'min'")
+    check_mode("best_checkpoint", mode)
     experiment = resolve_storage(location)
     if scope is not None:
         trial = best_trial(experiment, metric=metric, mode=mode, scope=scope)
         trial_id, uri = trial.trial_id, trial.checkpoint
     else:
-        best = read_experiment(experiment).best_checkpoint(metric, mode)
+        snap = read_experiment(experiment)
+        snap.check_metric("best_checkpoint", metric)
+        best = snap.best_checkpoint(metric, mode)
         if best is None:
             raise ExperimentError(f"{experiment.uri}: no trial reported {metric!r}")
+        _warn_skipped(best)
         trial_id, uri = best.trial_id, best.uri
     if uri is None:
-        raise ExperimentError(f"best trial {trial_id} has no checkpoint")
+        raise ExperimentError(f"best trial {trial_id} has no checkpoint that verifies")
     return uri
 
 
@@ -352,7 +389,7 @@ def load_best_model(
     scope: Scope | None = None,
     name: str | None = None,
 ) -> Any:
-    """Load the best checkpoint's weights into ``model`` (eval mode), ready for inference.
+    """Load the best good checkpoint's weights into ``model`` (eval mode), ready for inference.
 
     Args:
         location: The experiment directory.
@@ -462,13 +499,7 @@ def pbt_lineage(
     """
     experiment = resolve_storage(location)
     snap = snapshot or read_experiment(experiment)
-    df = results if results is not None else load_results(experiment)
-    by_tag: dict[str, str] = {}
-    for t in snap.trials:
-        if t.tag is not None:  # Ray logs the full original tag ("0_lr=0.01"); older logs the index
-            by_tag[t.tag] = t.trial_id
-            by_tag.setdefault(t.tag.split("_")[0], t.trial_id)
-    text = read_text(experiment.filesystem, posixpath.join(experiment.path, "pbt_global.txt")) or ""
+    df = results if results is not None else load_results(experiment, snapshot=snap)
     current: dict[str, dict[str, Any]] = {}
     for trial in snap.trials:
         rows = df[df["trial_id"] == trial.trial_id] if not df.empty else df
@@ -480,23 +511,17 @@ def pbt_lineage(
         else:
             current[trial.trial_id] = dict(trial.config)
     records = []
-    for line in text.splitlines():
-        try:
-            target_tag, source_tag, target_iter, source_iter, _source_config, new_config = json.loads(line)
-        except (ValueError, TypeError):
-            continue
-        target = by_tag.get(str(target_tag), str(target_tag))
-        source = by_tag.get(str(source_tag), str(source_tag))
-        old = dict(current.get(target, {}))
-        current[target] = {**old, **(new_config or {})}
+    for exploit in snap.exploits:
+        old = dict(current.get(exploit.target, {}))
+        current[exploit.target] = {**old, **exploit.new_config}
         records.append(
             {
-                "iteration": int(target_iter),
-                "target": target,
-                "source": source,
-                "source_iteration": int(source_iter),
+                "iteration": exploit.iteration,
+                "target": exploit.target,
+                "source": exploit.source,
+                "source_iteration": exploit.source_iteration,
                 "old_config": old,
-                "new_config": new_config,
+                "new_config": exploit.new_config,
             }
         )
     _fix_exploit_iterations(experiment, snap, records)

@@ -137,7 +137,7 @@ def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None
         if trial.missing_iterations:
             print(
                 f"note: {trial.trial_id}'s result.json lacks iterations "
-                f"{format_ranges(trial.missing_iterations)} (Ray lost those rows; "
+                f"{format_ranges(trial.missing_iterations)}, which it ran (Ray lost those rows; "
                 "tunekit.callbacks.ParquetLogger keeps every row)"
             )
     for trial in snapshot.trials:
@@ -154,10 +154,14 @@ def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None
         if best is None:
             print(f"no trial reported {metric!r}")
         else:
+            for line in best.skipped:
+                print(f"note: passed over as best, it does not verify: {line}")
             value = "-" if best.value is None else _short(best.value)
             print(f"best trial for {metric} ({mode}): {best.trial_id} {metric}={value}")
             if best.checkpoint is not None:
-                print(f"best checkpoint: {best.checkpoint.uri}")
+                print(f"best checkpoint: {best.checkpoint.uri} (verified)")
+            else:
+                print("best checkpoint: none that verifies")
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -166,13 +170,16 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if bool(args.metric) != bool(args.mode):
         raise _UsageError("tunekit status: --metric and --mode go together")
     snapshot = read_experiment(args.experiment)
+    if args.metric:
+        snapshot.check_metric("--metric", args.metric)
     if args.json:
+        best = snapshot.best_checkpoint(args.metric, args.mode) if args.metric else None
         payload = snapshot.as_dict()
         if args.metric:
-            best = snapshot.best_checkpoint(args.metric, args.mode)
             payload["best_trial"] = best.trial_id if best else None
             payload["best_checkpoint"] = best.uri if best else None
             payload["best_value"] = best.value if best else None
+            payload["best_skipped"] = list(best.skipped) if best else []
         print(json.dumps(payload, indent=1, default=str))
     else:
         _print_snapshot(snapshot, args.metric, args.mode)
@@ -216,8 +223,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
     summary = write_report(args.experiment, output=args.output, metric=args.metric, mode=args.mode)
     print(f"report: {summary.html}")
     print(f"plots: {', '.join(p.name for p in summary.images)}")
-    if summary.best is not None:
-        print(f"best trial by {summary.metric} ({summary.mode}): {summary.best.trial_id} = {summary.best.value:.4g}")
+    best = summary.best
+    if best is not None:
+        for line in best.skipped:
+            print(f"note: passed over as best, it does not verify: {line}")
+        value = "-" if best.value is None else f"{best.value:.4g}"
+        print(f"best trial for {summary.metric} ({summary.mode}): {best.trial_id} {summary.metric}={value}")
+        print(f"best checkpoint: {best.uri or 'none that verifies'}")
+    if summary.problems:
+        print(f"tunekit report: {args.experiment}: damaged: {'; '.join(summary.problems)}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -18,17 +18,16 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from tunekit.analysis import BestTrial, Lineage, best_trial, load_results, pbt_lineage
+from tunekit.analysis import Lineage, load_results, pbt_lineage
 from tunekit.errors import ConfigError, ExperimentError
-from tunekit.snapshot import ExperimentSnapshot, format_counts, read_experiment
+from tunekit.snapshot import RAY_KEYS, BestCheckpoint, ExperimentSnapshot, format_counts, read_experiment
 from tunekit.storage import Storage, resolve_storage
 
 __all__ = ["ReportSummary", "guess_metric", "write_report"]
 
 _GUESSES = [("accuracy", "max"), ("mean_accuracy", "max"), ("score", "max"), ("reward", "max"),
             ("loss", "min"), ("mean_loss", "min"), ("val_loss", "min")]
-_SKIP = {"training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "pid", "time_since_restore",
-         "iterations_since_restore", "done", "should_checkpoint", "timesteps_total", "episodes_total"}
+_SKIP = RAY_KEYS
 
 
 @dataclass
@@ -39,7 +38,10 @@ class ReportSummary:
     images: list[Path]
     metric: str
     mode: str
-    best: BestTrial | None
+    #: The best checkpoint that verifies, and its trial (what ``tunekit status`` names).
+    best: BestCheckpoint | None
+    #: Damage found while reading (the report shows it in a banner); empty when none.
+    problems: list[str]
 
 
 def guess_metric(df: pd.DataFrame) -> tuple[str, Literal["max", "min"]]:
@@ -61,13 +63,34 @@ def _png(fig: Any, path: Path) -> str:
     return base64.b64encode(data).decode()
 
 
-def _learning_curves(plt: Any, df: pd.DataFrame, metric: str) -> Any:
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for trial_id, rows in df.groupby("trial_id"):
-        ax.plot(rows["training_iteration"], rows[metric], linewidth=1.2, label=str(trial_id))
+def _segments(rows: pd.DataFrame, breaks: set[int]) -> list[pd.DataFrame]:
+    """A trial's rows cut where its weights were replaced: after each iteration in ``breaks``, and at jumps."""
+    iterations = pd.to_numeric(rows["training_iteration"], errors="coerce").tolist()
+    cuts = [0] + [
+        k for k in range(1, len(iterations))
+        if iterations[k - 1] in breaks or iterations[k] != iterations[k - 1] + 1
+    ] + [len(iterations)]
+    return [rows.iloc[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def _learning_curves(plt: Any, df: pd.DataFrame, metric: str, exploits: dict[str, set[int]]) -> Any:
+    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
+    cloned = False
+    for i, (trial_id, rows) in enumerate(df.groupby("trial_id")):
+        color = plt.cm.tab10(i % 10)
+        for k, part in enumerate(_segments(rows, exploits.get(str(trial_id), set()))):
+            ax.plot(part["training_iteration"], part[metric], linewidth=1.2, color=color,
+                    label=str(trial_id) if k == 0 else None)
+            if k:  # the weights came from a donor here: mark the break instead of drawing across it
+                ax.plot(part["training_iteration"].iloc[:1], part[metric].iloc[:1], marker="o",
+                        markerfacecolor="white", color=color, linestyle="none")
+                cloned = True
+    if cloned:
+        ax.plot([], [], marker="o", markerfacecolor="white", color="grey", linestyle="none",
+                label="after a PBT exploit")
     ax.set_xlabel("training_iteration")
     ax.set_ylabel(metric)
-    ax.set_title(f"{metric} per trial")
+    ax.set_title(f"{metric} per trial" + (" (a break: the trial took a donor's weights)" if cloned else ""))
     if df["trial_id"].nunique() <= 12:
         ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
@@ -77,14 +100,15 @@ def _learning_curves(plt: Any, df: pd.DataFrame, metric: str) -> Any:
 def _scatter(plt: Any, df: pd.DataFrame, metric: str, params: list[str]) -> Any:
     last = df.groupby("trial_id").tail(1)
     n = max(1, len(params))
-    fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.6), squeeze=False)
-    for ax, param in zip(axes[0], params):
+    fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.6), squeeze=False, sharey=True, layout="constrained")
+    for k, (ax, param) in enumerate(zip(axes[0], params)):
         values = pd.to_numeric(last[f"config/{param}"], errors="coerce")
         ax.scatter(values, last[metric], s=28)
         if values.gt(0).all() and values.max() / max(values.min(), 1e-300) > 50:
             ax.set_xscale("log")
         ax.set_xlabel(param)
-        ax.set_ylabel(f"final {metric}")
+        if k == 0:
+            ax.set_ylabel(f"final {metric}")
         ax.grid(alpha=0.3)
     fig.suptitle(f"hyperparameters vs final {metric}")
     return fig
@@ -92,14 +116,16 @@ def _scatter(plt: Any, df: pd.DataFrame, metric: str, params: list[str]) -> Any:
 
 def _schedules(plt: Any, df: pd.DataFrame, params: list[str]) -> Any:
     n = max(1, len(params))
-    fig, axes = plt.subplots(n, 1, figsize=(8, 2.6 * n), squeeze=False)
+    fig, axes = plt.subplots(n, 1, figsize=(8, 2.6 * n + 0.6), squeeze=False, sharex=True, layout="constrained")
     for ax, param in zip(axes[:, 0], params):
-        for trial_id, rows in df.groupby("trial_id"):
+        for i, (trial_id, rows) in enumerate(df.groupby("trial_id")):
             ax.step(rows["training_iteration"], pd.to_numeric(rows[f"config/{param}"], errors="coerce"),
-                    where="post", linewidth=1.1, label=str(trial_id))
+                    where="post", linewidth=1.1, label=str(trial_id), color=plt.cm.tab10(i % 10))
         ax.set_ylabel(param)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("training_iteration")
+    if df["trial_id"].nunique() <= 12:
+        fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside right upper", fontsize=7, title="trial")
     fig.suptitle("hyperparameter schedules (PBT)")
     return fig
 
@@ -139,7 +165,8 @@ body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;ma
 h1{font-size:1.6rem;margin-bottom:.2rem} h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0} td,th{border:1px solid #ddd;padding:.25rem .5rem;text-align:left}
 th{background:#f4f4f4} img{max-width:100%;border:1px solid #eee} code{background:#f4f4f4;padding:.1rem .3rem}
-.muted{color:#666}
+.muted{color:#666} .damage{background:#fdecea;border:1px solid #e0a8a1;padding:.5rem 1rem;margin:1rem 0}
+.warn{color:#8a3b12}
 """
 
 
@@ -170,25 +197,23 @@ def write_report(
 
     experiment = resolve_storage(location)
     snapshot: ExperimentSnapshot = read_experiment(experiment)
-    df = load_results(experiment)
+    df = load_results(experiment, snapshot=snapshot)
     if df.empty:
         raise ExperimentError(f"{experiment.uri}: no results yet, nothing to report")
     if metric is None:
         metric, mode = guess_metric(df)
+    else:
+        snapshot.check_metric("--metric", metric)
     if metric not in df.columns:
-        raise ConfigError(f"report: metric {metric!r} is not in the results")
+        raise ConfigError(f"--metric: no trial reported metric {metric!r}")
     assert mode is not None
     out = Path(output) if output else (
         Path(experiment.path) / "tunekit_report" if experiment.is_local else Path(f"tunekit_report_{snapshot.name}")
     )
-    out.mkdir(parents=True, exist_ok=True)
-    best = best_trial(experiment, metric=metric, mode=mode, results=df, snapshot=snapshot)
+    _check_output(out)
+    best = snapshot.best_checkpoint(metric, mode)
     lineage = pbt_lineage(experiment, results=df, snapshot=snapshot)
-    params = [
-        c[len("config/"):] for c in df.columns
-        if c.startswith("config/") and pd.api.types.is_numeric_dtype(df[c]) and df[c].nunique(dropna=True) > 1
-    ][:4]
-
+    params = hyperparameters(df)
     images: list[Path] = []
     sections: list[str] = []
 
@@ -203,7 +228,7 @@ def write_report(
 
     counts = format_counts(snapshot.counts())
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(snapshot.start_time)) if snapshot.start_time else "?"
-    shown = [k for k in params] or sorted({k for t in snapshot.trials for k in t.config})[:4]
+    shown = [k for k in params] or sorted({k for t in snapshot.trials for k in t.config if not _not_a_hyperparameter(k)})[:4]
     trial_rows = []
     last = df.groupby("trial_id").tail(1).set_index("trial_id")
     for t in snapshot.trials:
@@ -212,21 +237,24 @@ def write_report(
                            len(t.checkpoints), (t.error or "")[:80]])
     sections.append("<h2>Trials</h2>" + _table(
         ["trial", "status", "iterations", f"last {metric}", *shown, "checkpoints", "error"], trial_rows))
-    overall = snapshot.best_checkpoint(metric, mode)
-    overall_html = (
-        f"<p>Best checkpoint across all trials (what <code>tunekit status --metric --mode</code> names): "
-        f"trial <b>{html.escape(overall.trial_id)}</b>, {html.escape(metric)} = "
-        f"{'?' if overall.value is None else f'{overall.value:.4g}'}, "
-        f"<code>{html.escape(overall.uri or 'none')}</code></p>"
-        if overall is not None else ""
-    )
-    best_html = overall_html + (
-        f"<p>Best trial by {html.escape(metric)} ({mode}, last value): <b>{html.escape(best.trial_id)}</b>, "
-        f"{html.escape(metric)} = {best.value:.4g}<br>config: {html.escape(_fmt(best.config))}<br>"
-        f"its best checkpoint: <code>{html.escape(best.checkpoint or 'none')}</code></p>"
-    )
+    if best is None or best.checkpoint is None:
+        best_html = f"<p>No checkpoint that verifies records {html.escape(metric)}.</p>"
+    else:
+        best_html = (
+            f"<p>The best checkpoint that verifies (what <code>tunekit status --metric --mode</code> names): "
+            f"trial <b>{html.escape(best.trial_id)}</b>, {html.escape(metric)} = "
+            f"{'?' if best.value is None else f'{best.value:.4g}'} ({mode}), iteration {best.checkpoint.iteration}"
+            f"<br>config: {html.escape(_fmt(best.trial.config))}"
+            f"<br><code>{html.escape(best.checkpoint.uri)}</code></p>"
+        )
+    if best is not None and best.skipped:
+        best_html += "<p class='warn'>Passed over, they do not verify: " + "; ".join(
+            f"<code>{html.escape(line)}</code>" for line in best.skipped) + "</p>"
     sections.append("<h2>Best checkpoint</h2>" + best_html)
-    figure("learning_curves", _learning_curves(plt, df, metric), f"Learning curves: {metric}")
+    exploited: dict[str, set[int]] = {}
+    for r in lineage.exploits.itertuples():
+        exploited.setdefault(str(r.target), set()).add(int(r.iteration))
+    figure("learning_curves", _learning_curves(plt, df, metric, exploited), f"Learning curves: {metric}")
     if params:
         figure("hyperparameters", _scatter(plt, df, metric, params), f"Hyperparameters vs final {metric}")
     if not lineage.exploits.empty:
@@ -257,9 +285,47 @@ def write_report(
         f"<h1>Experiment {html.escape(snapshot.name)}</h1>"
         f"<p class='muted'>{html.escape(experiment.uri)} &middot; started {started} &middot; "
         f"{len(snapshot.trials)} trials: {html.escape(counts)} &middot; {len(df)} results</p>"
+        + _banner(snapshot.problems)
         + "".join(sections)
         + "<p class='muted'>Written by tunekit report.</p></body></html>"
     )
     index = out / "index.html"
     index.write_text(page)
-    return ReportSummary(index, images, metric, mode, best)
+    return ReportSummary(index, images, metric, mode, best, list(snapshot.problems))
+
+
+def _banner(problems: list[str]) -> str:
+    if not problems:
+        return ""
+    items = "".join(f"<li>{html.escape(p)}</li>" for p in problems)
+    return (f"<div class='damage' id='damage'><b>This experiment is damaged</b> "
+            f"(<code>tunekit verify</code> checks every checkpoint):<ul>{items}</ul></div>")
+
+
+def _check_output(out: Path) -> None:
+    """Create ``out`` or raise ConfigError in one line: a report never writes over a file."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".tunekit_report_probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except FileExistsError:
+        raise ConfigError(f"--output {out}: is a file; expected a directory to write the report into") from None
+    except OSError as exc:
+        raise ConfigError(f"--output {out}: cannot write there ({exc.strerror or type(exc).__name__}); "
+                          "expected a writable directory") from None
+
+
+def _not_a_hyperparameter(name: str) -> bool:
+    """Seeds and tunekit's own entries vary between trials but are not what a sweep searches."""
+    lowered = name.lower()
+    return lowered == "seed" or lowered.endswith(("_seed", "/seed")) or lowered.startswith("tunekit_")
+
+
+def hyperparameters(df: pd.DataFrame, *, limit: int = 4) -> list[str]:
+    """The numeric config entries that vary between trials, seeds and tunekit's own entries left out."""
+    return [
+        c[len("config/"):] for c in df.columns
+        if c.startswith("config/") and not _not_a_hyperparameter(c[len("config/"):])
+        and pd.api.types.is_numeric_dtype(df[c]) and df[c].nunique(dropna=True) > 1
+    ][:limit]

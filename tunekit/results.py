@@ -20,7 +20,7 @@ import pyarrow.fs as pafs
 
 from tunekit.errors import StorageError, first_line
 
-__all__ = ["dedupe_lineage", "format_ranges", "missing_iterations", "parse_result_lines", "read_text"]
+__all__ = ["dedupe_lineage", "format_ranges", "lost_iterations", "missing_iterations", "parse_result_lines", "read_text"]
 
 
 def read_text(fs: pafs.FileSystem, path: str) -> str | None:
@@ -81,6 +81,47 @@ def missing_iterations(iterations: Any) -> list[int]:
     """
     seen = {int(i) for i in iterations if isinstance(i, (int, float)) and i == i}
     return [i for i in range(1, max(seen, default=0) + 1) if i not in seen]
+
+
+def lost_iterations(
+    iterations: Any,
+    *,
+    clones: Any = (),
+    continued: bool = False,
+) -> list[int]:
+    """Iterations a trial ran whose rows are missing: gaps its lineage does not explain.
+
+    A trial's rows skip iterations it never ran: after a PBT exploit it goes
+    on from the donor's checkpoint (iteration ``s``, so its next row is
+    ``s + 1``), and a warm start that continues a checkpoint (``continued``,
+    as ``tunekit resume --extend`` does) starts after it. Each exploit of the
+    trial, ``(its iteration, the donor checkpoint's iteration)`` in ``clones``,
+    explains one forward jump around it; what no exploit explains is lost.
+
+    >>> lost_iterations([1, 2, 3, 7, 8], clones=[(3, 6)])
+    []
+    >>> lost_iterations([1, 2, 3, 7, 8])
+    [4, 5, 6]
+    >>> lost_iterations([13, 14], continued=True)
+    []
+    """
+    ordered = sorted({int(i) for i in iterations if isinstance(i, (int, float)) and i == i})
+    pending = [(int(t), int(s)) for t, s in clones]
+    lost: list[int] = []
+    previous = 0
+    for k, it in enumerate(ordered):
+        if it > previous + 1:
+            explained = k == 0 and continued
+            for clone in pending if not explained else ():
+                target_at, source_at = clone
+                if previous <= source_at <= it - 1 or previous - 1 <= target_at <= it - 1:
+                    pending.remove(clone)
+                    explained = True
+                    break
+            if not explained:
+                lost.extend(range(previous + 1, it))
+        previous = it
+    return lost
 
 
 def format_ranges(numbers: list[int]) -> str:

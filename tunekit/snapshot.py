@@ -30,25 +30,32 @@ from typing import Any, Literal
 
 import pyarrow.fs as pafs
 
-from tunekit._checks import is_number
-from tunekit.checkpoint import read_metadata, unsupported_format
-from tunekit.errors import CheckpointError, ConfigError
+from tunekit._checks import check_mode, check_scope, is_number
+from tunekit.checkpoint import read_metadata, unsupported_format, verify_checkpoint
+from tunekit.errors import CheckpointError
 from tunekit.experiment_dir import TrialDir, find_trials
-from tunekit.results import dedupe_lineage, missing_iterations, parse_result_lines, read_text
+from tunekit.results import dedupe_lineage, lost_iterations, parse_result_lines, read_text
 from tunekit.storage import Storage, resolve_storage
 
 __all__ = [
-    "STATUSES",
     "BestCheckpoint",
     "CheckpointSummary",
+    "Exploit",
     "ExperimentSnapshot",
     "TrialSnapshot",
     "format_counts",
+    "read_exploits",
     "read_experiment",
 ]
 
-STATUSES = ("PENDING", "RUNNING", "PAUSED", "TERMINATED", "ERROR")
 _PICKLED = "CLOUDPICKLE_FALLBACK"
+#: What Ray Tune adds to every result: bookkeeping, not metrics.
+RAY_KEYS = frozenset({
+    "training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "pid", "time_since_restore",
+    "iterations_since_restore", "done", "should_checkpoint", "timesteps_total", "episodes_total",
+    "timesteps_since_restore", "episodes_this_iter", "timesteps_this_iter", "node_ip", "date", "hostname",
+    "trial_id", "experiment_id", "experiment_tag",
+})
 
 
 def _clean(value: Any) -> Any:
@@ -72,6 +79,8 @@ class CheckpointSummary:
     metrics: dict[str, Any] = field(default_factory=dict)
     #: Why this tunekit cannot read it (a newer manifest format), else None.
     unsupported: str | None = None
+    #: True when tunekit wrote it (its ``tunekit.json`` could be read).
+    tunekit: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         out = {"name": self.name, "uri": self.uri, "iteration": self.iteration, "metrics": self.metrics}
@@ -84,15 +93,28 @@ def _number(value: Any) -> float | None:
     return float(value) if is_number(value) else None
 
 
-def best_of(
-    checkpoints: list[CheckpointSummary], metric: str, mode: Literal["max", "min"]
-) -> CheckpointSummary | None:
-    """The checkpoint with the best ``metric``; the latest if none records it."""
+def ranked(checkpoints: list[CheckpointSummary], metric: str, mode: Literal["max", "min"]) -> list[CheckpointSummary]:
+    """Checkpoints best first by ``metric`` (ties: the earlier first); newest first if none records it.
+
+    Checkpoints that do not record ``metric`` come after those that do, newest first.
+    """
+    sign = -1.0 if mode == "max" else 1.0
     scored = [c for c in checkpoints if _number(c.metrics.get(metric)) is not None]
-    if not scored:
-        return checkpoints[-1] if checkpoints else None
-    pick = max if mode == "max" else min
-    return pick(scored, key=lambda c: c.metrics[metric])
+    rest = [c for c in reversed(checkpoints) if _number(c.metrics.get(metric)) is None]
+    return sorted(scored, key=lambda c: sign * float(c.metrics[metric])) + rest
+
+
+@dataclass(frozen=True)
+class Exploit:
+    """One PBT exploit from Ray's ``pbt_global.txt``, with trial ids for its tags."""
+
+    target: str
+    source: str
+    #: The target's iteration and the donor checkpoint's, as Ray logged them.
+    iteration: int
+    source_iteration: int
+    source_config: dict[str, Any]
+    new_config: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -102,6 +124,8 @@ class BestCheckpoint:
     trial: TrialSnapshot
     checkpoint: CheckpointSummary | None
     value: float | None
+    #: Better-ranked checkpoints passed over because they did not verify, one line each.
+    skipped: tuple[str, ...] = ()
 
     @property
     def trial_id(self) -> str:
@@ -128,12 +152,20 @@ class TrialSnapshot:
     checkpoints: list[CheckpointSummary]
     results: list[dict[str, Any]] = field(repr=False, default_factory=list)
     tag: str | None = None
-    #: Iterations up to the last one in ``result.json`` with no row there:
-    #: rows Ray lost (see :func:`tunekit.results.missing_iterations`).
+    #: Iterations the trial ran that have no row in ``result.json``: rows Ray
+    #: lost. Gaps its lineage explains (a PBT exploit, a warm start) are not
+    #: counted (see :func:`tunekit.results.lost_iterations`).
     missing_iterations: list[int] = field(default_factory=list)
 
-    def metric(self, name: str, scope: Literal["last", "max", "min", "avg"] = "last") -> float | None:
-        """The trial's value of ``name``: its last, best or mean over iterations."""
+    @property
+    def continued(self) -> bool:
+        """True when the trial continued another checkpoint's complete state (a warm start, ``--extend``)."""
+        start = self.config.get("tunekit_warm_start")
+        return isinstance(start, dict) and start.get("mode") == "continue"
+
+    def metric(self, name: str, scope: str = "last") -> float | None:
+        """The trial's value of ``name`` over its ``scope``: last, max, min or mean over iterations."""
+        scope = check_scope("TrialSnapshot.metric", scope)
         if scope == "last":
             values = [self.last_result.get(name)]
         else:
@@ -145,7 +177,7 @@ class TrialSnapshot:
             return max(numbers)
         if scope == "min":
             return min(numbers)
-        if scope == "avg":
+        if scope == "mean":
             return sum(numbers) / len(numbers)
         return numbers[-1]
 
@@ -167,7 +199,14 @@ class TrialSnapshot:
 
 @dataclass
 class ExperimentSnapshot:
-    """An experiment as read from its directory."""
+    """An experiment as read from its directory: the one model every reader answers from.
+
+    ``problems`` lists the damage found, one line each: state and result
+    files that could not be read whole, and checkpoints that failed
+    verification when a reader looked at them (:meth:`best_checkpoint` verifies
+    what it names). ``tunekit status`` and ``tunekit report`` print them and
+    exit 2; :func:`tunekit.analysis.load_results` puts them in ``df.attrs``.
+    """
 
     name: str
     location: str
@@ -175,10 +214,13 @@ class ExperimentSnapshot:
     state_file: str | None
     trials: list[TrialSnapshot]
     problems: list[str] = field(default_factory=list)
+    #: PBT exploits, in the order Ray logged them.
+    exploits: list[Exploit] = field(default_factory=list)
+    _verdicts: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def damaged(self) -> bool:
-        """True when a state or result file could not be read whole."""
+        """True when a state, result or checkpoint file was found damaged."""
         return bool(self.problems)
 
     def counts(self) -> dict[str, int]:
@@ -187,16 +229,56 @@ class ExperimentSnapshot:
             out[trial.status] = out.get(trial.status, 0) + 1
         return out
 
-    def best_trial(
-        self,
-        metric: str,
-        mode: Literal["max", "min"],
-        *,
-        scope: Literal["last", "max", "min", "avg"] = "last",
-    ) -> TrialSnapshot | None:
-        """The trial with the best ``metric`` (None if no trial reported it)."""
-        if mode not in ("max", "min"):
-            raise ConfigError(f"best_trial(mode={mode!r}): expected 'max' or 'min'")
+    def metrics(self) -> list[str]:
+        """The numeric metrics the trials reported, sorted."""
+        names = {k for t in self.trials for row in (t.results or [t.last_result]) for k, v in row.items()
+                 if _number(v) is not None and k not in RAY_KEYS}
+        return sorted(names)
+
+    def check_metric(self, call: str, metric: str) -> None:
+        """Raise ConfigError naming the known metrics when no trial reported ``metric``."""
+        from tunekit.errors import ConfigError
+
+        known = self.metrics()
+        if known and metric not in known:
+            shown = ", ".join(known[:15]) + (", ..." if len(known) > 15 else "")
+            raise ConfigError(f"{call}: no trial reported metric {metric!r}; the trials reported: {shown}")
+
+    def verdict(self, checkpoint: CheckpointSummary) -> tuple[bool, str]:
+        """Whether ``checkpoint`` verifies (hashes against its manifest), and why not; cached.
+
+        A checkpoint tunekit did not write verifies when the experiment holds
+        no tunekit checkpoint at all (plain Ray Tune: nothing to check against).
+        A failure is added to :attr:`problems`, once.
+        """
+        if checkpoint.uri in self._verdicts:
+            return self._verdicts[checkpoint.uri]
+        if checkpoint.unsupported:
+            answer = (False, f"unsupported: {checkpoint.unsupported}")
+        elif not checkpoint.tunekit and not any(c.tunekit for t in self.trials for c in t.checkpoints):
+            answer = (True, "not a tunekit checkpoint: not verified")
+        else:
+            report = verify_checkpoint(checkpoint.uri)
+            answer = (report.ok, f"{report.status}: {'; '.join(report.problems)}" if not report.ok else "good")
+        self._verdicts[checkpoint.uri] = answer
+        if not answer[0]:
+            self.problems.append(f"checkpoint {checkpoint.uri} is {answer[1]}")
+        return answer
+
+    def _first_good(self, candidates: list[tuple[TrialSnapshot, CheckpointSummary]]) -> tuple[
+            TrialSnapshot | None, CheckpointSummary | None, tuple[str, ...]]:
+        skipped = []
+        for trial, ckpt in candidates:
+            ok, why = self.verdict(ckpt)
+            if ok:
+                return trial, ckpt, tuple(skipped)
+            skipped.append(f"{ckpt.uri} ({why})")
+        return None, None, tuple(skipped)
+
+    def best_trial(self, metric: str, mode: Literal["max", "min"], *, scope: str = "last") -> TrialSnapshot | None:
+        """The trial with the best ``metric`` over ``scope`` (None if no trial reported it)."""
+        check_mode("best_trial", mode)
+        scope = check_scope("best_trial", scope)
         scored = [(t.metric(metric, scope), t) for t in self.trials]
         scored = [(v, t) for v, t in scored if v is not None]
         if not scored:
@@ -204,28 +286,43 @@ class ExperimentSnapshot:
         pick = max if mode == "max" else min
         return pick(scored, key=lambda pair: pair[0])[1]
 
-    def best_checkpoint(self, metric: str, mode: Literal["max", "min"]) -> BestCheckpoint | None:
-        """The best *checkpoint* across all trials by ``metric``, and its trial.
+    def best_checkpoint_of(self, trial: TrialSnapshot, metric: str, mode: Literal["max", "min"]) -> BestCheckpoint:
+        """``trial``'s best checkpoint by ``metric`` that verifies (its newest good one if none records it)."""
+        check_mode("best_checkpoint", mode)
+        _, chosen, skipped = self._first_good([(trial, c) for c in ranked(trial.checkpoints, metric, mode)])
+        value = _number(chosen.metrics.get(metric)) if chosen is not None else None
+        return BestCheckpoint(trial, chosen, value if value is not None else trial.metric(metric), skipped)
 
-        This is what "the best model" means: the checkpoint on storage with the
-        best recorded ``metric`` (ties go to the earlier trial, then the earlier
-        checkpoint). When no checkpoint records ``metric``, the trial with the
-        best last value and its latest checkpoint. None if no trial reported it.
-        ``tunekit quickstart``, ``tunekit status --metric --mode`` and
-        :func:`tunekit.analysis.best_checkpoint` all answer with this.
+    def best_checkpoint(
+        self, metric: str, mode: Literal["max", "min"], *, scope: str | None = None
+    ) -> BestCheckpoint | None:
+        """The best checkpoint *that verifies* by ``metric``, and its trial: what "the best model" means.
+
+        Without ``scope``: the checkpoint on storage, across all trials, with
+        the best recorded ``metric`` (ties go to the earlier trial, then the
+        earlier checkpoint). With a ``scope``, or when no checkpoint records
+        ``metric``: the best trial by that scope (default its last value), then
+        its best checkpoint. Either way a checkpoint that does not verify
+        (corrupt, incomplete, a newer format) is passed over for the next
+        best, named in :attr:`BestCheckpoint.skipped` and in :attr:`problems`.
+        None if no trial reported ``metric``. ``tunekit status``, ``tunekit
+        report``, ``tunekit quickstart`` and :func:`tunekit.analysis.best_checkpoint`
+        all answer with this.
         """
-        if mode not in ("max", "min"):
-            raise ConfigError(f"best_checkpoint(mode={mode!r}): expected 'max' or 'min'")
-        candidates = [(t, c) for t in self.trials for c in t.checkpoints]
-        scored = [(t, c) for t, c in candidates if _number(c.metrics.get(metric)) is not None]
-        if scored:
-            sign = 1.0 if mode == "max" else -1.0
-            trial, chosen = max(scored, key=lambda pair: sign * pair[1].metrics[metric])
-            return BestCheckpoint(trial, chosen, float(chosen.metrics[metric]))
-        trial = self.best_trial(metric, mode)
-        if trial is None:
+        check_mode("best_checkpoint", mode)
+        if scope is None:
+            candidates = [(t, c) for t in self.trials for c in t.checkpoints
+                          if _number(c.metrics.get(metric)) is not None]
+            if candidates:
+                sign = -1.0 if mode == "max" else 1.0
+                candidates.sort(key=lambda pair: sign * float(pair[1].metrics[metric]))
+                trial, chosen, skipped = self._first_good(candidates)
+                if chosen is not None:
+                    return BestCheckpoint(trial, chosen, float(chosen.metrics[metric]), skipped)  # type: ignore[arg-type]
+        best = self.best_trial(metric, mode, scope=scope or "last")
+        if best is None:
             return None
-        return BestCheckpoint(trial, best_of(trial.checkpoints, metric, mode), trial.metric(metric))
+        return self.best_checkpoint_of(best, metric, mode)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -344,7 +441,7 @@ def _checkpoints(
             if _number(v) is not None and k != "training_iteration"
         }
         out.append(CheckpointSummary(ckpt.name, ckpt.location.uri, iteration, metrics,
-                                     unsupported_format(ckpt.location) if meta else None))
+                                     unsupported_format(ckpt.location) if meta else None, tunekit=bool(meta)))
     return out
 
 
@@ -358,6 +455,42 @@ def _tag(trial: dict[str, Any], dir_name: str) -> str | None:
         if len(part) == 5 and part.isdigit() and i + 1 < len(parts) and parts[i + 1].isdigit():
             return parts[i + 1]
     return None
+
+
+def read_exploits(experiment: Storage, tags: dict[str, str]) -> list[Exploit]:
+    """The exploits in Ray's ``pbt_global.txt`` (none if there is no such file).
+
+    Args:
+        tags: A trial's experiment tag (``"3_lr=0.01"``, or its index ``"3"``)
+            to its trial id; a tag not in it stays as logged.
+    """
+    text = read_text(experiment.filesystem, posixpath.join(experiment.path, "pbt_global.txt")) or ""
+    out = []
+    for line in text.splitlines():
+        try:
+            target, source, target_iter, source_iter, source_config, new_config = json.loads(line)
+            record = Exploit(
+                target=tags.get(str(target), tags.get(str(target).split("_")[0], str(target))),
+                source=tags.get(str(source), tags.get(str(source).split("_")[0], str(source))),
+                iteration=int(target_iter),
+                source_iteration=int(source_iter),
+                source_config=dict(source_config or {}),
+                new_config=dict(new_config or {}),
+            )
+        except (ValueError, TypeError):
+            continue
+        out.append(record)
+    return out
+
+
+def trial_tags(trials: list[TrialSnapshot]) -> dict[str, str]:
+    """Each trial's experiment tag (and its index) -> its trial id, as ``pbt_global.txt`` names trials."""
+    out: dict[str, str] = {}
+    for t in trials:
+        if t.tag is not None:  # Ray logs the full original tag ("0_lr=0.01"); older logs the index
+            out[t.tag] = t.trial_id
+            out.setdefault(t.tag.split("_")[0], t.trial_id)
+    return out
 
 
 def _infer_status(rows: list[dict[str, Any]], error: str | None) -> str:
@@ -402,6 +535,10 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None) -> Exper
             + [c.iteration for c in checkpoints if isinstance(c.iteration, int)]
         )
         status = trial.get("status") or _infer_status(rows, error)
+        # Without the state file's record, the config of the newest row is the
+        # trial's current one (params.json keeps the first, before any exploit).
+        config = _clean(trial.get("config")) if "config" in trial else (
+            rows[-1]["config"] if rows and isinstance(rows[-1].get("config"), dict) else (params or {}))
         if status == "PENDING" and iterations:
             status = "RUNNING"  # the state file is older than the trial's progress
         trials.append(
@@ -409,7 +546,7 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None) -> Exper
                 trial_id=str(trial.get("trial_id") or last.get("trial_id") or trial_dir.name),
                 name=trial_dir.name,
                 trainable_name=trial.get("trainable_name"),
-                config=_clean(trial.get("config")) if "config" in trial else (params or {}),
+                config=config,
                 status=status,
                 iterations=iterations,
                 last_result=last,
@@ -418,7 +555,6 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None) -> Exper
                 checkpoints=checkpoints,
                 results=rows,
                 tag=_tag(trial, trial_dir.name),
-                missing_iterations=missing_iterations(r.get("training_iteration") for r in rows),
             )
         )
     for key, entry in recorded.items():  # trials that never got a directory
@@ -445,6 +581,13 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None) -> Exper
         numbers = [s for s in starts if isinstance(s, (int, float))]
         start_time = min(numbers) if numbers else None
     trials.sort(key=lambda t: t.trial_id)
+    exploits = read_exploits(experiment, trial_tags(trials))
+    for t in trials:
+        t.missing_iterations = lost_iterations(
+            [r.get("training_iteration") for r in t.results],
+            clones=[(e.iteration, e.source_iteration) for e in exploits if e.target == t.trial_id],
+            continued=t.continued,
+        )
     return ExperimentSnapshot(
         name=posixpath.basename(experiment.path.rstrip("/")),
         location=experiment.uri,
@@ -452,5 +595,6 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None) -> Exper
         state_file=state_file,
         trials=trials,
         problems=problems,
+        exploits=exploits,
     )
 
