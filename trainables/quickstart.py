@@ -12,7 +12,7 @@ from typing import Any, TextIO
 import pyarrow.fs as pafs
 
 from tunekit._checks import integer_at_least, number_at_least
-from tunekit.errors import ConfigError, first_line
+from tunekit.errors import ConfigError
 from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
 from tunekit.snapshot import read_experiment
 from tunekit.storage import DEFAULT_STORAGE_PATH, check_cluster_storage, probe_storage, resolve_storage
@@ -84,12 +84,8 @@ def run_quickstart(
     ``s3://bucket/prefix?endpoint_override=http://host:9000``; it is probed
     (reachable, writable) before anything starts.
     """
-    import ray
-    from ray import tune
-
+    from tunekit._connect import ray_for
     from tunekit._ray import quiet_ray_notices, quiet_tune_banner
-    from tunekit.callbacks import ProgressPrinter
-    from tunekit.trainables.class_api import DigitsTrainable
 
     out = stream or sys.stdout
     integer_at_least("quickstart", "num_samples", num_samples)
@@ -109,78 +105,78 @@ def run_quickstart(
             "--name (or `tunekit resume` it)"
         )
 
-    address = address or os.environ.get("RAY_ADDRESS") or None
-    if address and cpus is not None:
-        raise ConfigError(f"quickstart(cpus={cpus}, address={address!r}): --cpus is for a local Ray; "
-                          "a cluster brings its own CPUs")
     # A default run prints tunekit's progress and summary only: the Ray notices
     # that do not apply here are dropped (see tunekit._ray.RAY_NOTICES for why).
     undo = [quiet_ray_notices(), quiet_tune_banner()]
-    started_ray = False
     try:
-        if not ray.is_initialized():
-            if address:
-                try:
-                    ray.init(address=address, log_to_driver=False, configure_logging=False)
-                except (ConnectionError, RuntimeError, ValueError) as exc:
-                    raise ConfigError(f"quickstart(address={address!r}): cannot connect to a Ray cluster there "
-                                      f"({first_line(exc)}); expected the head's host:port, as `ray start --head` printed") from None
-            else:
-                ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
-            started_ray = True
-        check_cluster_storage(storage, shared=shared_storage)
-        available_gpus = ray.cluster_resources().get("GPU", 0)
-        if gpus_per_trial > 0 and available_gpus < gpus_per_trial:
-            raise ConfigError(
-                f"quickstart(gpus_per_trial={gpus_per_trial}): the Ray cluster has "
-                f"{available_gpus:g} GPUs"
-            )
-        print(f"tunekit quickstart: {num_samples} trials x {max_iterations} iterations, PBT over lr and momentum", file=out)
-        print(f"results go to {experiment.uri}", file=out, flush=True)
-
-        interval = max(1, max_iterations // 4)
-        quiet_pbt_keep_warning()  # Ray never deletes the newest checkpoint, the one PBT clones
-        pbt = pbt_setup(
-            DigitsTrainable,
-            metric=METRIC,
-            mode="max",
-            perturbation_interval=interval,
-            mutations={
-                "lr": tune.loguniform(1e-3, 0.5),
-                "momentum": [0.0, 0.5, 0.8, 0.9, 0.95],
-            },
-            num_to_keep=2,
-            checkpoint_score_attribute=METRIC,
-        )
-        trainable = tune.with_resources(DigitsTrainable, {"cpu": 1, "gpu": gpus_per_trial})
-        tuner = tune.Tuner(
-            trainable,
-            param_space={
-                "lr": tune.loguniform(1e-3, 0.5),
-                "momentum": tune.choice([0.0, 0.5, 0.9]),
-                "hidden_size": 64,
-                "batch_size": 64,
-                "seed": tune.randint(0, 10_000),
-            },
-            tune_config=tune.TuneConfig(**pbt.tune_config_kwargs(), num_samples=num_samples),
-            run_config=tune.RunConfig(
-                name=name,
-                **storage.run_config_kwargs(),
-                stop={"training_iteration": max_iterations},
-                checkpoint_config=pbt.checkpoint_config,
-                callbacks=[ProgressPrinter(METRIC, stream=out)],
-                verbose=0,
-            ),
-        )
-        t0 = time.monotonic()
-        grid = tuner.fit()
-        wall = time.monotonic() - t0
+        with ray_for("quickstart", address=address, cpus=cpus):
+            grid, wall = _sweep(storage, experiment, name, num_samples=num_samples, max_iterations=max_iterations,
+                                gpus_per_trial=gpus_per_trial, shared_storage=shared_storage, out=out)
     finally:
-        if started_ray:
-            ray.shutdown()
         for restore in undo:
             restore()
+    return _summarize(grid, experiment, wall, out)
 
+
+def _sweep(storage: Any, experiment: Any, name: str, *, num_samples: int, max_iterations: int,
+           gpus_per_trial: float, shared_storage: bool, out: TextIO) -> tuple[Any, float]:
+    import ray
+    from ray import tune
+
+    from tunekit.callbacks import ParquetLogger, ProgressPrinter
+    from tunekit.trainables.class_api import DigitsTrainable
+
+    check_cluster_storage(storage, shared=shared_storage)
+    available_gpus = ray.cluster_resources().get("GPU", 0)
+    if gpus_per_trial > 0 and available_gpus < gpus_per_trial:
+        raise ConfigError(
+            f"quickstart(gpus_per_trial={gpus_per_trial}): the Ray cluster has "
+            f"{available_gpus:g} GPUs"
+        )
+    print(f"tunekit quickstart: {num_samples} trials x {max_iterations} iterations, PBT over lr and momentum", file=out)
+    print(f"results go to {experiment.uri}", file=out, flush=True)
+
+    interval = max(1, max_iterations // 4)
+    quiet_pbt_keep_warning()  # Ray never deletes the newest checkpoint, the one PBT clones
+    pbt = pbt_setup(
+        DigitsTrainable,
+        metric=METRIC,
+        mode="max",
+        perturbation_interval=interval,
+        mutations={
+            "lr": tune.loguniform(1e-3, 0.5),
+            "momentum": [0.0, 0.5, 0.8, 0.9, 0.95],
+        },
+        num_to_keep=2,
+        checkpoint_score_attribute=METRIC,
+    )
+    trainable = tune.with_resources(DigitsTrainable, {"cpu": 1, "gpu": gpus_per_trial})
+    tuner = tune.Tuner(
+        trainable,
+        param_space={
+            "lr": tune.loguniform(1e-3, 0.5),
+            "momentum": tune.choice([0.0, 0.5, 0.9]),
+            "hidden_size": 64,
+            "batch_size": 64,
+            "seed": tune.randint(0, 10_000),
+        },
+        tune_config=tune.TuneConfig(**pbt.tune_config_kwargs(), num_samples=num_samples),
+        run_config=tune.RunConfig(
+            name=name,
+            **storage.run_config_kwargs(),
+            stop={"training_iteration": max_iterations},
+            checkpoint_config=pbt.checkpoint_config,
+            callbacks=[ProgressPrinter(METRIC, stream=out), ParquetLogger()],
+            verbose=0,
+        ),
+    )
+    t0 = time.monotonic()
+    grid = tuner.fit()
+    wall = time.monotonic() - t0
+    return grid, wall
+
+
+def _summarize(grid: Any, experiment: Any, wall: float, out: TextIO) -> QuickstartSummary:
     # The best model is the best checkpoint on storage across all trials, read
     # from the experiment directory exactly as `tunekit status --metric
     # accuracy --mode max` and tunekit.analysis.best_checkpoint read it.
@@ -224,5 +220,7 @@ def run_quickstart(
         file=out,
     )
     print(f"best checkpoint: {summary.best_checkpoint}", file=out)
-    print(f"finished in {wall:.1f}s; experiment at {summary.experiment_path}", file=out, flush=True)
+    print(f"finished in {wall:.1f}s; experiment at {summary.experiment_path}", file=out)
+    print(f"next: tunekit status {summary.experiment_path} --metric {METRIC} --mode max; "
+          f"tunekit report {summary.experiment_path}", file=out, flush=True)
     return summary

@@ -196,7 +196,8 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     if args.extend is not None:
         if args.resume_errored or args.restart_errored:
             raise _UsageError("tunekit resume: --extend continues finished trials; it takes no --resume/--restart-errored")
-        summary = extend_experiment(args.experiment, args.extend, trainable=args.trainable, cpus=args.cpus)
+        summary = extend_experiment(args.experiment, args.extend, trainable=args.trainable, cpus=args.cpus,
+                                    address=args.address)
         _print_snapshot(summary.after, None, None)
         print(f"extended into {summary.experiment}: {format_counts(summary.after.counts())}")
         return 0 if summary.ok else 1
@@ -207,7 +208,10 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         resume_errored=args.resume_errored,
         restart_errored=args.restart_errored,
         cpus=args.cpus,
+        address=args.address,
     )
+    if not summary.ran:
+        return 0
     _print_snapshot(summary.after, None, None)
     before, after = format_counts(summary.before), format_counts(summary.after.counts())
     print(f"resumed {summary.experiment}: before {before}; now {after}")
@@ -257,7 +261,7 @@ def _build_parser() -> _Parser:
     quick.add_argument("--name", default=None, help="experiment name (default quickstart_<date>_<time>)")
     quick.add_argument("--cpus", type=_int_at_least(1), default=None, help="CPUs of the local Ray (default: all)")
     quick.add_argument("--gpus-per-trial", type=_non_negative_float, default=0.0, help="GPUs per trial, fractions allowed (default 0)")
-    quick.add_argument("--address", default=None, help="Ray cluster to run on, host:port of its head (default: $RAY_ADDRESS, else a local Ray)")
+    quick.add_argument("--address", default=None, help="Ray cluster to run on, host:port of its head (default: $RAY_ADDRESS, else a local Ray of its own)")
     quick.add_argument("--shared-storage", action="store_true", help="--storage-path is a shared mount on every node of the cluster")
     quick.set_defaults(func=_cmd_quickstart)
     verify = sub.add_parser(
@@ -308,6 +312,8 @@ def _build_parser() -> _Parser:
                         "training_iteration, into a new experiment EXP-to-ITERATIONS beside it")
     resume.add_argument("--trainable", default=None, metavar="MODULE:ATTR", help="the trainable, e.g. tunekit.trainables:DigitsTrainable")
     resume.add_argument("--cpus", type=_int_at_least(1), default=None, help="CPUs of the local Ray (default: all)")
+    resume.add_argument("--address", default=None,
+                        help="Ray cluster to run on, host:port of its head (default: $RAY_ADDRESS, else a local Ray of its own)")
     resume.set_defaults(func=_cmd_resume)
 
     report = sub.add_parser(

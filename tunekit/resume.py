@@ -25,10 +25,11 @@ from typing import Any, Iterator, TextIO
 
 from tunekit.checkpoint import read_metadata
 from tunekit.errors import CheckpointError, ConfigError, ExperimentError
-from tunekit.snapshot import ExperimentSnapshot, format_counts, read_experiment
+from tunekit._connect import ray_for
+from tunekit.snapshot import CheckpointSummary, ExperimentSnapshot, TrialSnapshot, format_counts, read_experiment
 from tunekit.storage import Storage, resolve_storage
 
-__all__ = ["ResumeSummary", "extend_experiment", "find_trainable", "import_trainable", "resume_experiment"]
+__all__ = ["ResumeSummary", "extend_experiment", "find_trainable", "import_trainable", "newest_good", "resume_experiment"]
 
 
 def import_trainable(spec: str) -> Any:
@@ -138,13 +139,15 @@ def find_trainable(experiment: Storage, snapshot: ExperimentSnapshot, spec: str 
     """The trainable to resume ``experiment`` with, and where it was found."""
     if spec:
         return _as_trainable(import_trainable(spec)), spec
+    raw = _tuner_pickle(experiment)
     for recorded in _recorded_trainables(snapshot):
+        if recorded.startswith("ray."):  # tunekit < 0.4 recorded the class tune.with_resources made
+            recorded = _unwrapped(recorded, raw)
         try:
             return _as_trainable(import_trainable(recorded)), f"{recorded} (recorded in its checkpoints)"
         except ConfigError:
             continue
     names = {t.trainable_name for t in snapshot.trials if t.trainable_name}
-    raw = _tuner_pickle(experiment)
     if raw and names:
         for module, name in _pickle_globals(raw):
             if name.split(".")[-1] in names and not module.startswith(("ray.", "builtins", "__main__")):
@@ -160,6 +163,15 @@ def find_trainable(experiment: Storage, snapshot: ExperimentSnapshot, spec: str 
     )
 
 
+def _unwrapped(spec: str, raw: bytes | None) -> str:
+    """``ray.tune.trainable.util:Name`` -> the user's ``module:Name`` that tuner.pkl refers to (else tunekit's)."""
+    name = spec.partition(":")[2]
+    for module, attr in _pickle_globals(raw or b""):
+        if attr == name and not module.startswith(("ray.", "builtins", "__main__")):
+            return f"{module}:{attr}"
+    return f"tunekit.trainables:{name}"
+
+
 def _tuner_pickle(experiment: Storage) -> bytes | None:
     """The bytes of ``tuner.pkl`` (read, never unpickled here), or None."""
     path = posixpath.join(experiment.path, "tuner.pkl")
@@ -167,21 +179,6 @@ def _tuner_pickle(experiment: Storage) -> bytes | None:
         return None
     with experiment.filesystem.open_input_stream(path) as stream:
         return stream.read()
-
-
-@contextlib.contextmanager
-def _local_ray(cpus: int | None) -> Iterator[None]:
-    """Ray as it is, or a local one started (and shut down after) when none is running."""
-    import ray
-
-    if ray.is_initialized():
-        yield
-        return
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 @dataclass
@@ -192,6 +189,8 @@ class ResumeSummary:
     trainable: str
     before: dict[str, int]
     after: ExperimentSnapshot
+    #: False when there was nothing to do (every trial finished): nothing was started or written.
+    ran: bool = True
 
     @property
     def ok(self) -> bool:
@@ -205,6 +204,7 @@ def resume_experiment(
     resume_errored: bool = False,
     restart_errored: bool = False,
     cpus: int | None = None,
+    address: str | None = None,
     stream: TextIO | None = None,
 ) -> ResumeSummary:
     """Restore the experiment at ``location`` with ``Tuner.restore`` and run it to the end.
@@ -214,8 +214,16 @@ def resume_experiment(
         trainable: ``module:attr`` of the trainable (default: found, see module doc).
         resume_errored: Resume errored trials from their last checkpoint.
         restart_errored: Restart errored trials from scratch.
-        cpus: CPUs of the local Ray started when none is running.
+        cpus: CPUs of the local Ray started for it.
+        address: A Ray cluster to run on (default ``$RAY_ADDRESS``, else a local Ray of its own).
         stream: Where progress goes (default stdout).
+
+    Before anything starts it prints where each unfinished trial continues
+    from: its newest checkpoint that verifies. A damaged checkpoint of such a
+    trial is named, and a copy of it is kept beside it as
+    ``.checkpoint_NNNNNN.damaged`` (Ray's ``num_to_keep`` may delete the
+    original). An experiment whose trials all finished gets one line and
+    nothing is started or written.
 
     Raises:
         ExperimentError: not an experiment, or its state cannot be read.
@@ -231,16 +239,28 @@ def resume_experiment(
     damaged = [p for p in before.problems if p.startswith("experiment_state")]
     if damaged:
         raise ExperimentError(f"{experiment.uri}: {damaged[0]}; Ray Tune cannot restore from it")
+    counts = before.counts()
+    summary = format_counts(counts)
+    todo = [t for t in before.trials
+            if t.status not in ("TERMINATED", "ERROR") or (t.status == "ERROR" and (resume_errored or restart_errored))]
+    if not todo:
+        errored = counts.get("ERROR", 0)
+        hint = ("--resume-errored or --restart-errored runs the errored ones again; " if errored else "") + \
+            "`tunekit resume EXP --extend N` continues finished trials to iteration N"
+        print(f"nothing to resume: {len(before.trials)} trials {summary}; {hint}", file=out, flush=True)
+        return ResumeSummary(experiment.uri, "", counts, before, ran=False)
     obj, found = find_trainable(experiment, before, trainable)
+
+    print(f"resuming {experiment.uri}: {len(before.trials)} trials ({summary})", file=out)
+    print(f"trainable: {found}", file=out, flush=True)
+    for trial in todo:
+        print(_continues_from(before, trial, experiment, restart=restart_errored and trial.status == "ERROR"),
+              file=out, flush=True)
+    _alias_moved_packages(_pickle_globals(_tuner_pickle(experiment) or b""))
 
     from ray import tune
 
-    counts = before.counts()
-    summary = format_counts(counts)
-    print(f"resuming {experiment.uri}: {len(before.trials)} trials ({summary})", file=out)
-    print(f"trainable: {found}", file=out, flush=True)
-    _alias_moved_packages(_pickle_globals(_tuner_pickle(experiment) or b""))
-    with _local_ray(cpus):
+    with _quiet(), ray_for("resume", address=address, cpus=cpus):
         tuner = tune.Tuner.restore(
             experiment.path,
             obj,
@@ -254,12 +274,85 @@ def resume_experiment(
     return ResumeSummary(experiment.uri, found, counts, after)
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Ray's notices that do not apply to a resume (its config box, PBT's num_to_keep warning) left out."""
+    import warnings
+
+    from tunekit._ray import quiet_ray_notices, quiet_tune_banner
+
+    undo = [quiet_ray_notices(), quiet_tune_banner()]
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Using `CheckpointConfig.num_to_keep <= 2` with PBT")
+            yield
+    finally:
+        for restore in undo:
+            restore()
+
+
+def newest_good(snapshot: ExperimentSnapshot, trial: TrialSnapshot) -> tuple[CheckpointSummary | None, list[str]]:
+    """A trial's newest checkpoint that verifies, and one line for each newer one that does not."""
+    damaged = []
+    for ckpt in sorted(trial.checkpoints, key=lambda c: (c.iteration or 0, c.name), reverse=True):
+        ok, why = snapshot.verdict(ckpt)
+        if ok:
+            return ckpt, damaged
+        damaged.append(f"{ckpt.name} is {why}")
+    return None, damaged
+
+
+def _preserve(experiment: Storage, trial: TrialSnapshot, ckpt: CheckpointSummary) -> str:
+    """Keep a damaged checkpoint out of Ray's retention: a copy as ``.checkpoint_N.damaged`` beside it."""
+    trial_dir = experiment.join(trial.name)
+    target = posixpath.join(trial_dir.path, f".{ckpt.name}.damaged")
+    fs = experiment.filesystem
+    if fs.get_file_info(target).type.name == "NotFound":
+        source = posixpath.join(trial_dir.path, ckpt.name)
+        if experiment.is_local:
+            import shutil
+
+            shutil.copytree(source, target, copy_function=_link_or_copy)
+        else:
+            import pyarrow.fs as pafs
+
+            pafs.copy_files(source, target, source_filesystem=fs, destination_filesystem=fs)
+    return f"{trial_dir.uri.rstrip('/')}/.{ckpt.name}.damaged"
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    import os
+    import shutil
+
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _continues_from(snapshot: ExperimentSnapshot, trial: TrialSnapshot, experiment: Storage, *, restart: bool) -> str:
+    """One line: where an unfinished trial goes on from; damaged checkpoints named and kept."""
+    if restart:
+        return f"  {trial.trial_id} ({trial.status}): restarts from scratch (--restart-errored)"
+    good, damaged = newest_good(snapshot, trial)
+    kept = [_preserve(experiment, trial, c) for c in trial.checkpoints
+            if not snapshot.verdict(c)[0] and not c.unsupported]
+    where = f"{good.name} (iteration {good.iteration})" if good else "the start (no checkpoint that verifies)"
+    line = f"  {trial.trial_id} ({trial.status}): continues from {where}"
+    if damaged:
+        line += f"; passed over: {'; '.join(damaged)}"
+    if kept:
+        line += f"; damaged copies kept as {', '.join(posixpath.basename(k) for k in kept)}"
+    return line
+
+
 def extend_experiment(
     location: str | Storage,
     iterations: int,
     *,
     trainable: str | None = None,
     cpus: int | None = None,
+    address: str | None = None,
     stream: TextIO | None = None,
 ) -> ResumeSummary:
     """Continue every trial of a finished experiment to ``iterations`` in a new experiment beside it.
@@ -270,7 +363,8 @@ def extend_experiment(
     iterations``. The new experiment is ``EXP-to-ITERATIONS`` in the same
     storage; :func:`tunekit.load_results` of it holds every iteration once
     (the rows up to the checkpoint come from ``EXP``, marked ``inherited_from``).
-    ``EXP`` itself is not changed. Schedulers, search algorithms and
+    ``EXP`` itself is not changed. A trial whose newest checkpoint does not
+    verify continues from its newest one that does, and says so. Schedulers, search algorithms and
     callbacks of the original run are not carried over: the trials run to the
     new stopping point, a checkpoint at the end.
 
@@ -288,11 +382,16 @@ def extend_experiment(
     if not before.trials:
         raise ExperimentError(f"{experiment.uri}: no trials to extend")
     configs = []
+    notes = []
     for trial in before.trials:
-        good = [c for c in trial.checkpoints if c.iteration is not None and not c.unsupported]
-        if not good:
-            raise ExperimentError(f"extend {experiment.uri}: trial {trial.trial_id} has no checkpoint to continue from")
-        newest = max(good, key=lambda c: c.iteration or 0)
+        newest, damaged = newest_good(before, trial)
+        if newest is None or newest.iteration is None:
+            passed = f" ({'; '.join(damaged)})" if damaged else ""
+            raise ExperimentError(f"extend {experiment.uri}: trial {trial.trial_id} has no checkpoint that verifies "
+                                  f"to continue from{passed}")
+        if damaged:
+            notes.append(f"  {trial.trial_id}: continues from {newest.name} (iteration {newest.iteration}); "
+                         f"passed over: {'; '.join(damaged)}")
         if (newest.iteration or 0) >= iterations:
             raise ConfigError(
                 f"extend {experiment.uri} to {iterations}: trial {trial.trial_id} has a checkpoint at iteration "
@@ -313,16 +412,14 @@ def extend_experiment(
 
     print(f"extending {experiment.uri}: {len(configs)} trials to iteration {iterations}, into {target.uri}", file=out)
     print(f"trainable: {found}", file=out, flush=True)
-    with _local_ray(cpus):
-        space: dict[str, Any] = {}
-        for config in configs:  # Ray resolves each point against the space: every key must be in it
-            for key, value in config.items():
-                space.setdefault(key, value)
+    for note in notes:
+        print(note, file=out, flush=True)
+    with _quiet(), ray_for("resume --extend", address=address, cpus=cpus):
         tune.Tuner(
             obj,
-            param_space=space,
             tune_config=tune.TuneConfig(search_alg=BasicVariantGenerator(points_to_evaluate=configs),
                                         num_samples=len(configs)),
+            param_space=_space_of(configs),
             run_config=tune.RunConfig(
                 name=name, stop={"training_iteration": iterations}, verbose=0,
                 checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True),
@@ -331,3 +428,26 @@ def extend_experiment(
         ).fit()
     after = read_experiment(target)
     return ResumeSummary(target.uri, found, before.counts(), after)
+
+
+def _space_of(configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A param_space every config in ``configs`` fits, so that Ray takes each as a preset point quietly.
+
+    Ray resolves each point against the space (every key must be in it) and
+    warns when a point differs from a constant there: a key whose values
+    differ between the configs becomes a choice of them.
+    """
+    from ray import tune
+
+    space: dict[str, Any] = {}
+    for key in dict.fromkeys(k for c in configs for k in c):
+        values = [c[key] for c in configs if key in c]
+        if all(isinstance(v, dict) for v in values):
+            space[key] = _space_of(values)
+            continue
+        distinct: list[Any] = []
+        for value in values:
+            if value not in distinct:
+                distinct.append(value)
+        space[key] = distinct[0] if len(distinct) == 1 else tune.choice(distinct)
+    return space

@@ -33,6 +33,7 @@ from tunekit.trial_checkpoint import (
     save_in_place,
     save_snapshot,
     save_trial_state,
+    trainable_spec,
     trial_payload,
 )
 from tunekit.warm import apply_warm_start
@@ -202,7 +203,7 @@ class TorchTrainable(tune.Trainable):
         if result is None and not checkpoint_dir and background_saves_enabled(self, type(self).background_saves):
             result = save_snapshot(self, self._saves, lambda buffers: trial_payload(
                 self.state, config=self.config, mutable=self.mutable(),
-                trainable=f"{type(self).__module__}:{type(self).__qualname__}", metrics=self._metrics,
+                trainable=trainable_spec(type(self)), metrics=self._metrics,
                 into=buffers,
             ))
         elif result is None and not checkpoint_dir:  # into local storage: write once, in place
@@ -226,7 +227,7 @@ class TorchTrainable(tune.Trainable):
             self.state,
             config=self.config,
             mutable=self.mutable(),
-            trainable=f"{type(self).__module__}:{type(self).__qualname__}",
+            trainable=trainable_spec(type(self)),
             metrics=self._metrics,
             durable=self._durable,
         )

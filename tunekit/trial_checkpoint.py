@@ -74,6 +74,7 @@ from tunekit.state import StateBuffers, TrainingState
 
 __all__ = [
     "BackgroundSaves",
+    "trainable_spec",
     "await_write",
     "background_saves_enabled",
     "clone_in_worker",
@@ -94,6 +95,19 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def trainable_spec(cls: type) -> str:
+    """``module:qualname`` of the user's trainable class, for ``tunekit resume`` to import.
+
+    ``tune.with_resources`` and ``tune.with_parameters`` hand Tune a subclass
+    that Ray makes in ``ray.tune.trainable.util``; the class to record is the
+    first one in the MRO that is not Ray's.
+    """
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith("ray."):
+            return f"{klass.__module__}:{klass.__qualname__}"
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def trial_payload(

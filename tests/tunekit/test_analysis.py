@@ -115,7 +115,7 @@ def test_best_trial_over_each_scope(tmp_path, scope, mode, expected):
 def test_best_trial_errors_are_clear(tmp_path):
     exp = tmp_path / "exp"
     _write_trial(exp, "t_a", _rows("a", [1], [1.0]))
-    with pytest.raises(ConfigError, match="metric 'nope' is not in the results"):
+    with pytest.raises(ConfigError, match="no trial reported metric 'nope'; the trials reported: score"):
         best_trial(str(exp), metric="nope", mode="max")
     with pytest.raises(ConfigError, match="expected 'max' or 'min'"):
         best_trial(str(exp), metric="score", mode="best")
@@ -160,14 +160,17 @@ def test_report_writes_a_page_with_plots(pbt_experiment, tmp_path, capsys):
     out = tmp_path / "report"
     assert main(["report", str(pbt_experiment), "--output", str(out), "--metric", "accuracy", "--mode", "max"]) == 0
     page = (out / "index.html").read_text()
-    best = best_trial(str(pbt_experiment), metric="accuracy", mode="max")
+    best = read_experiment(str(pbt_experiment)).best_checkpoint("accuracy", "max")
     assert page.count("data:image/png;base64,") == 4  # curves, scatter, lineage, schedules
     for name in ("learning_curves", "hyperparameters", "lineage", "schedules"):
         data = (out / f"{name}.png").read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24])[0] > 300
     assert best.trial_id in page and "PBT exploits" in page and "tensorboard --logdir" in page
     assert all(t.trial_id in page for t in read_experiment(str(pbt_experiment)).trials)
-    assert f"{best.trial_id} = {best.value:.4g}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    # The report names what `tunekit status --metric accuracy --mode max` names.
+    assert f"best trial for accuracy (max): {best.trial_id} accuracy={best.value:.4g}" in printed
+    assert f"best checkpoint: {best.uri}" in printed and best.uri in page
 
 
 def test_report_guesses_the_metric_and_refuses_non_experiments(ray_example_runs, tmp_path, capsys):

@@ -1,0 +1,96 @@
+"""Ray for a tunekit command: a local Ray of its own, unless an address is named.
+
+``ray.init()`` without an address joins whatever cluster it finds on the
+machine (a ``ray start`` someone else ran, a test run's Ray). A command that
+starts Ray must never do that by accident, so :func:`ray_for` starts a local
+Ray (``address="local"``) unless the caller or ``RAY_ADDRESS`` names one, and
+gives up on a named address that does not answer within
+``TUNEKIT_CONNECT_TIMEOUT_S`` seconds (one line, no retry loop).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from typing import Iterator
+
+from tunekit.errors import ConfigError, first_line
+
+__all__ = ["ray_for", "resolve_address"]
+
+#: Seconds to wait for a named Ray head to accept a connection.
+CONNECT_TIMEOUT_ENV = "TUNEKIT_CONNECT_TIMEOUT_S"
+_DEFAULT_TIMEOUT_S = 10.0
+
+
+def resolve_address(address: str | None) -> str | None:
+    """The address a command is to join: ``address``, else ``$RAY_ADDRESS``, else None (a local Ray)."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
+def _timeout() -> float:
+    raw = os.environ.get(CONNECT_TIMEOUT_ENV, "")
+    try:
+        value = float(raw) if raw else _DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise ConfigError(f"{CONNECT_TIMEOUT_ENV}={raw!r}: expected a number of seconds") from None
+    return value if value > 0 else _DEFAULT_TIMEOUT_S
+
+
+def _probe(call: str, address: str) -> None:
+    """Raise ConfigError in one line unless ``host:port`` accepts a TCP connection in time."""
+    if address in ("auto", "local"):
+        return
+    target = address.split("://", 1)[-1]
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"{call}(address={address!r}): expected host:port of a Ray head "
+                          "(as `ray start --head` printed), 'auto' or 'local'")
+    timeout = _timeout()
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or first_line(exc))
+        raise ConfigError(
+            f"{call}(address={address!r}): no Ray cluster answers there ({reason}, waited up to {timeout:g}s); "
+            "expected the head's host:port, as `ray start --head` printed"
+        ) from None
+
+
+@contextlib.contextmanager
+def ray_for(call: str, *, address: str | None = None, cpus: int | None = None) -> Iterator[bool]:
+    """Ray for the duration of a command; yields True when it was started (or joined) here.
+
+    Ray already initialized in this process (a program that calls tunekit's
+    API inside its own Ray session) is used as it is. Otherwise the cluster
+    at ``address`` (or ``$RAY_ADDRESS``) is joined, or a local Ray with
+    ``cpus`` CPUs is started; either is shut down at the end.
+
+    Raises:
+        ConfigError: ``cpus`` given with an address, or the address does not answer.
+    """
+    import ray
+
+    if ray.is_initialized():
+        yield False
+        return
+    address = resolve_address(address)
+    if address and address != "local":
+        if cpus is not None:
+            raise ConfigError(f"{call}(cpus={cpus}, address={address!r}): --cpus is for a local Ray; "
+                              "a cluster brings its own CPUs")
+        _probe(call, address)
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ConfigError(f"{call}(address={address!r}): cannot connect to a Ray cluster there "
+                              f"({first_line(exc)}); expected the head's host:port, as `ray start --head` printed") from None
+    else:
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    try:
+        yield True
+    finally:
+        ray.shutdown()
