@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Literal, Union
 import pyarrow
 import pyarrow.fs as pafs
 
+from tunekit.experiment_dir import DAMAGED_COPY
 from tunekit.errors import CheckpointError, StorageError, first_line
 from tunekit.storage import Storage, resolve_storage
 
@@ -399,6 +400,7 @@ _PARTIAL = ".partial-"
 _STAGING = re.compile(r"^\.(checkpoint_\d+)\.partial-(?:(?P<host>.+)-(?P<pid>\d+)-)?[^-]*$")
 #: A complete checkpoint kept (hard links) while a newer one is written.
 _KEPT = re.compile(r"^\.checkpoint_(\d+)\.kept$")
+_DAMAGED = DAMAGED_COPY
 
 
 def _writer_id() -> str:
@@ -437,9 +439,10 @@ def _staging_dirs(parent: str) -> list[tuple[str, str | None, int]]:
 
 
 def leftovers(fs: pafs.FileSystem, trial_dir: str) -> list[tuple[str, str]]:
-    """Hidden checkpoint directories of a trial: ``(name, kind)``, kind "kept", "writing" or "interrupted".
+    """Hidden checkpoint directories of a trial: ``(name, kind)``, kind "kept", "damaged", "writing" or "interrupted".
 
     "kept": a complete checkpoint kept while a newer one was written;
+    "damaged": a damaged checkpoint's copy that ``tunekit resume`` kept;
     "writing": a staging directory whose writer is alive; "interrupted": one
     whose writer is gone (killed in the middle of the write).
     """
@@ -449,6 +452,8 @@ def leftovers(fs: pafs.FileSystem, trial_dir: str) -> list[tuple[str, str]]:
             continue
         if _KEPT.match(info.base_name):
             out.append((info.base_name, "kept"))
+        elif _DAMAGED.match(info.base_name):
+            out.append((info.base_name, "damaged"))
         elif m := _STAGING.match(info.base_name):
             local = isinstance(fs, pafs.LocalFileSystem)
             live = local and m["pid"] is not None and _alive(m["host"], int(m["pid"]))

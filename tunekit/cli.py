@@ -162,6 +162,8 @@ def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None
                 print(f"best checkpoint: {best.checkpoint.uri} (verified)")
             else:
                 print("best checkpoint: none that verifies")
+    for problem in snapshot.problems:
+        print(f"damaged: {problem}")
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

@@ -19,10 +19,12 @@ import pyarrow.fs as pafs
 from tunekit.errors import ExperimentError, StorageError, first_line
 from tunekit.storage import Storage
 
-__all__ = ["CHECKPOINT_DIR", "CheckpointDir", "TrialDir", "find_trials"]
+__all__ = ["CHECKPOINT_DIR", "DAMAGED_COPY", "CheckpointDir", "TrialDir", "find_trials"]
 
 #: Ray Tune's name for a trial's checkpoint directories; group 1 is the index.
 CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
+#: A copy of a damaged checkpoint that ``tunekit resume`` kept out of Ray's retention.
+DAMAGED_COPY = re.compile(r"^\.checkpoint_(\d+)\.damaged$")
 _TRIAL_FILES = ("params.json", "result.json", "progress.csv")
 
 
@@ -42,6 +44,8 @@ class TrialDir:
     name: str
     location: Storage
     checkpoints: tuple[CheckpointDir, ...]
+    #: Names of damaged checkpoints' copies kept by ``tunekit resume``.
+    damaged_copies: tuple[str, ...] = ()
 
 
 def _list(where: Storage, path: str) -> list[pafs.FileInfo]:
@@ -94,7 +98,9 @@ def find_trials(experiment: Storage) -> list[TrialDir]:
             c.type == pafs.FileType.File and c.base_name in _TRIAL_FILES for c in children
         )
         if is_trial:
-            trials.append(TrialDir(entry.base_name, experiment.join(entry.base_name), tuple(checkpoints)))
+            copies = tuple(sorted(c.base_name for c in children
+                                  if c.type == pafs.FileType.Directory and DAMAGED_COPY.match(c.base_name)))
+            trials.append(TrialDir(entry.base_name, experiment.join(entry.base_name), tuple(checkpoints), copies))
     if not has_state and not trials:
         raise ExperimentError(
             f"{experiment.uri}: not a Ray Tune experiment directory "

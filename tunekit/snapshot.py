@@ -525,6 +525,9 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None) -> Exper
         entry = recorded.get(trial_dir.name, {})
         trial, runtime = entry.get("trial", {}), entry.get("runtime", {})
         params, raw_rows, error = _read_trial_dir(experiment, trial_dir, problems)
+        for copy in trial_dir.damaged_copies:
+            problems.append(f"{trial_dir.name}/{copy}: a damaged checkpoint's copy that tunekit resume kept "
+                            "(`tunekit verify` says what is wrong with it)")
         rows = dedupe_lineage(raw_rows)
         last = _clean(runtime.get("last_result")) or (rows[-1] if rows else {})
         if rows and rows[-1].get("training_iteration", 0) >= last.get("training_iteration", 0):

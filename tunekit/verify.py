@@ -150,6 +150,10 @@ def _leftover_checks(trial: Any) -> list[CheckpointCheck]:
             report = verify_checkpoint(location)
             out.append(CheckpointCheck(trial.name, name, _iteration(location), report.status,
                                        (*report.problems, "kept while a newer checkpoint was written")))
+        elif kind == "damaged":
+            report = verify_checkpoint(location)
+            out.append(CheckpointCheck(trial.name, name, _iteration(location), report.status,
+                                       (*report.problems, "a damaged checkpoint's copy kept by tunekit resume")))
         elif kind == "writing":
             out.append(CheckpointCheck(trial.name, name, None, "unverified",
                                        ("being written by a live process",)))

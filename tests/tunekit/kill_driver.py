@@ -5,7 +5,8 @@ POINT is where the driver dies (kill -9, no cleanup of any kind):
 asked a worker to save iteration 4, before the save is registered;
 ``snapshot`` halfway through writing the experiment state once a trial is past
 iteration 4; ``optuna`` (an OptunaSearch run) after two trials completed;
-``none`` runs to the end.
+``quickstart`` runs ``tunekit quickstart``'s sweep (2 trials x 8 iterations)
+and dies when a trial reports iteration 5; ``none`` runs to the end.
 """
 
 from __future__ import annotations
@@ -124,7 +125,27 @@ def make_tuner(point: str, storage: str, name: str) -> tune.Tuner:
     )
 
 
+def _quickstart(storage: str, name: str) -> int:
+    """``tunekit quickstart`` as a user runs it, killed when a trial reports iteration 5."""
+    from tunekit.callbacks import ProgressPrinter
+    from tunekit.trainables.quickstart import run_quickstart
+
+    pid = os.getpid()
+    original = ProgressPrinter.on_trial_result
+
+    def report_then_die(self, iteration, trials, trial, result, **info):
+        original(self, iteration, trials, trial, result, **info)
+        if result["training_iteration"] == 5 and os.getpid() == pid:
+            _die()
+
+    ProgressPrinter.on_trial_result = report_then_die
+    run_quickstart(num_samples=2, max_iterations=STOP, storage_path=storage, name=name, cpus=2)
+    return 0
+
+
 def main(point: str, storage: str, name: str) -> int:
+    if point == "quickstart":
+        return _quickstart(storage, name)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     make_tuner(point, storage, name).fit()
     print("finished without being killed", flush=True)
