@@ -29,6 +29,7 @@ class ProgressPrinter(tune.Callback):
         self._start = time.monotonic()
         self._last_print = float("-inf")
         self._latest: dict[str, dict[str, Any]] = {}
+        self._failed: dict[str, str] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles callbacks into the experiment state; a stream is not state.
@@ -62,4 +63,27 @@ class ProgressPrinter(tune.Callback):
 
     @override
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        self._print(f"trial {trial.trial_id} failed: {trial.error_file or 'see its error.txt'}")
+        reason = error_line(trial)
+        self._failed[trial.trial_id] = reason
+        self._print(f"trial {trial.trial_id} failed: {reason}")
+
+    @override
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        """The failed trials again, one line each, after Ray's own output."""
+        for trial_id, reason in sorted(self._failed.items()):
+            self._print(f"failed: {trial_id}: {reason}")
+
+
+def error_line(trial: Trial) -> str:
+    """A failed trial's error as one line: the exception's own line from its ``error.txt``."""
+    from tunekit.snapshot import error_message
+
+    text = None
+    path = getattr(trial, "error_file", None)
+    try:
+        if path:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+    except OSError:
+        text = None
+    return error_message(text) or (path or "see its error.txt")

@@ -90,6 +90,9 @@ def ray_for(call: str, *, address: str | None = None, cpus: int | None = None) -
     else:
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
+    from tunekit._ray import drop_color_reset_at_exit
+
+    drop_color_reset_at_exit()
     try:
         yield True
     finally:

@@ -34,6 +34,9 @@ Private names, by owner:
   takes (:func:`clone_in_place`).
 * Loggers whose exact messages the quickstart filters (see
   :func:`quiet_ray_notices`).
+* The ``colorama`` Ray vendors (``ray/thirdparty_files``): its ``init()``
+  registers an exit hook that writes a colour reset to a terminal, after
+  the command's last line (:func:`drop_color_reset_at_exit`).
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ __all__ = [
     "quiet_tune_banner",
     "report_checkpoint_dir",
     "clone_in_place",
+    "drop_color_reset_at_exit",
     "session_report",
     "set_restored",
     "storage_context",
@@ -398,3 +402,14 @@ def quiet_tune_banner() -> Callable[[], None]:
             os.environ["RAY_AIR_NEW_OUTPUT"] = previous
 
     return restore
+
+
+def drop_color_reset_at_exit() -> None:
+    """Unregister the exit hook of Ray's vendored colorama, which prints ``ESC[0m`` after our last line."""
+    import atexit
+    import sys
+
+    initialise = sys.modules.get("colorama.initialise")
+    reset_all = getattr(initialise, "reset_all", None)
+    if initialise is not None and "thirdparty_files" in str(getattr(initialise, "__file__", "")) and reset_all:
+        atexit.unregister(reset_all)

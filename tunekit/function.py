@@ -38,6 +38,7 @@ Semantics, compared with the class API (:class:`~tunekit.TorchTrainable`):
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import shutil
@@ -332,6 +333,20 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         return _ray.function_runner_reset(self, new_config)
 
 
+def _integration_mutable(train_fn: Callable[..., Any]) -> tuple[str, ...] | None:
+    """The ``MUTABLE`` of the framework integration ``train_fn`` calls by name in its body, else None."""
+    code = getattr(train_fn, "__code__", None)
+    scope = getattr(train_fn, "__globals__", {})
+    if code is None:
+        return None
+    for name in code.co_names:
+        value = scope.get(name)
+        module = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
+        if module in ("tunekit.integrations.lightning", "tunekit.integrations.transformers"):
+            return tuple(importlib.import_module(module).MUTABLE)
+    return None
+
+
 def function_trainable(
     train_fn: Callable[[dict[str, Any]], Any], *, name: str | None = None, mutable: tuple[str, ...] | None = None
 ) -> type[tune.Trainable]:
@@ -345,15 +360,21 @@ def function_trainable(
         train_fn: ``train_fn(config)``, reporting through a FunctionSession.
         name: The trainable's name (default: the function's name).
         mutable: The hyperparameters the function's session changes in place
-            (what :func:`tunekit.pbt.pbt_setup` accepts as mutations; default
-            :data:`~tunekit.hparams.DEFAULT_MUTABLE`); say so when the session
-            is given others (``tunekit.integrations.transformers.MUTABLE``).
+            (what :func:`tunekit.pbt.pbt_setup` accepts as mutations). Default:
+            the ``MUTABLE`` of the framework integration the function calls
+            (``tunekit.integrations.lightning.fit`` or ``...transformers.train``
+            named in its body), else :data:`~tunekit.hparams.DEFAULT_MUTABLE`.
 
     Raises:
         TypeError: ``train_fn`` is not a function of exactly one argument.
     """
     if not callable(train_fn):
         raise ConfigTypeError(f"function_trainable({train_fn!r}): expected a function")
+    if isinstance(train_fn, type) and issubclass(train_fn, tune.Trainable):
+        raise ConfigTypeError(
+            f"function_trainable({train_fn.__name__}): {train_fn.__name__} is a Trainable class already; "
+            "give it to tune.Tuner as it is (function_trainable wraps a training function)"
+        )
     params = list(inspect.signature(train_fn).parameters.values())
     if len(params) != 1 or params[0].kind not in (
         inspect.Parameter.POSITIONAL_ONLY,
@@ -365,6 +386,8 @@ def function_trainable(
         )
     label = name or getattr(train_fn, "__name__", "function")
     namespace: dict[str, Any] = {"_train_fn": staticmethod(train_fn), "_name": label, "__module__": __name__}
+    if mutable is None:
+        mutable = _integration_mutable(train_fn)
     if mutable is not None:
         if isinstance(mutable, str) or not all(isinstance(k, str) for k in mutable):
             raise ConfigTypeError(f"function_trainable(mutable={mutable!r}): expected a tuple of config keys")

@@ -248,10 +248,16 @@ def pbt_setup(
     unknown = sorted(set(mutations or {}) - mutable)
     if unknown:
         name = getattr(trainable, "__name__", type(trainable).__name__)
+        if hasattr(trainable, "_train_fn"):  # a function_trainable: its mutable= says what it changes
+            remedy = (f"declare them with function_trainable({name}, mutable=...) (for the framework "
+                      "integrations: tunekit.integrations.transformers.MUTABLE or tunekit.integrations.lightning.MUTABLE), "
+                      "or list them in allow_rebuild")
+        else:
+            remedy = ("declare them in mutable_hyperparameters (and apply them in apply_hyperparameters), "
+                      "or list them in allow_rebuild")
         raise ConfigError(
             f"{call}(mutations={sorted(mutations or {})}): {name} cannot change {unknown} in place "
-            f"during a trial (it can change {sorted(mutable)}); declare them in "
-            "mutable_hyperparameters (and apply them in apply_hyperparameters), or list them in allow_rebuild"
+            f"during a trial (it can change {sorted(mutable)}); {remedy}"
         )
     scheduler = PopulationBasedTrainingNoIdlePause(
         time_attr="training_iteration",

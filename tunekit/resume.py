@@ -122,17 +122,28 @@ def _as_trainable(obj: Any) -> Any:
 
     if isinstance(obj, type) and issubclass(obj, Trainable):
         return obj
-    if callable(obj):
+    if callable(obj) and not isinstance(obj, type):
         import inspect
 
         from tunekit.function import function_trainable
+
+        try:
+            params = list(inspect.signature(obj).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        required = [p for p in params if p.default is inspect.Parameter.empty
+                    and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+        if len(required) != 1:
+            raise ConfigError(f"{getattr(obj, '__qualname__', obj)!s} is not a Tune trainable: expected a Trainable "
+                              "class or a training function of one argument, config")
 
         try:
             source = inspect.getsource(obj)
         except (OSError, TypeError):
             source = ""
         return function_trainable(obj) if "FunctionSession" in source else obj
-    raise ConfigError(f"{obj!r} is not a Tune trainable (a Trainable class or a function)")
+    raise ConfigError(f"{getattr(obj, '__qualname__', obj)!s} is not a Tune trainable: expected a Trainable class "
+                      "or a training function of one argument, config")
 
 
 def find_trainable(experiment: Storage, snapshot: ExperimentSnapshot, spec: str | None = None) -> tuple[Any, str]:
@@ -244,6 +255,8 @@ def resume_experiment(
     todo = [t for t in before.trials
             if t.status not in ("TERMINATED", "ERROR") or (t.status == "ERROR" and (resume_errored or restart_errored))]
     if not todo:
+        if trainable:
+            find_trainable(experiment, before, trainable)  # bad input is said even when there is nothing to do
         errored = counts.get("ERROR", 0)
         hint = ("--resume-errored or --restart-errored runs the errored ones again; " if errored else "") + \
             "`tunekit resume EXP --extend N` continues finished trials to iteration N"

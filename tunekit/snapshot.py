@@ -44,6 +44,7 @@ __all__ = [
     "ExperimentSnapshot",
     "TrialSnapshot",
     "format_counts",
+    "error_message",
     "read_exploits",
     "read_experiment",
 ]
@@ -386,10 +387,19 @@ def _trials_from_state(state: dict[str, Any], problems: list[str]) -> dict[str, 
     return out
 
 
-def _error_message(text: str | None) -> str | None:
+def error_message(text: str | None) -> str | None:
+    """The line of an ``error.txt`` that says what went wrong: the last ``Type: message`` line.
+
+    Ray's error files end with the exception raised in the trial, often
+    after its traceback and Ray's wrapping; a tunekit error there is named
+    with its own one line.
+    """
     if not text:
         return None
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    ours = [line for line in lines if line.startswith("tunekit.errors.")]
+    if ours:
+        return ours[-1].removeprefix("tunekit.errors.")
     return lines[-1] if lines else None
 
 
@@ -408,7 +418,7 @@ def _read_trial_dir(
     rows, bad = parse_result_lines(results_text)
     if bad:
         problems.append(f"{trial.name}/result.json: {bad} damaged line(s) skipped")
-    error = _error_message(read_text(fs, posixpath.join(trial.location.path, "error.txt")))
+    error = error_message(read_text(fs, posixpath.join(trial.location.path, "error.txt")))
     return params, rows, error
 
 

@@ -145,6 +145,9 @@ class TrainingState:
     data: Stateful | None = None
     counters: Counters = field(default_factory=Counters)
     extras: dict[str, Any] = field(default_factory=dict)
+    #: The mutable hyperparameters the last loaded checkpoint was saved with
+    #: (what its LR schedule was built at); PBT's new values are applied against them.
+    hparams: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.models, dict) or not self.models:
@@ -221,5 +224,6 @@ class TrainingState:
             self.data.load_state_dict(state["data"])
         self.counters = Counters(**state["counters"])
         self.extras = dict(state["extras"])
+        self.hparams = dict(state.get("hparams") or {})
         if restore_rngs:
             restore_rng(state["rng"])

@@ -174,6 +174,9 @@ def resolve_storage(
         fs, path = pafs.FileSystem.from_uri(text)
     except (pyarrow.ArrowInvalid, pyarrow.ArrowNotImplementedError, ValueError) as exc:
         raise StorageError(f"storage location {shown}: {first_line(exc)}") from None
+    except OSError as exc:  # S3 resolves a bucket's region over the network when the URI names none
+        hint = "; add ?region=... (or endpoint_override=...) to the URI" if "region" in str(exc).lower() else ""
+        raise StorageError(f"storage location {shown}: {_classify(exc)} ({first_line(exc)}){hint}") from None
     if isinstance(fs, pafs.LocalFileSystem):
         return Storage(fs, path, path)
     if split.scheme == "s3" and not split.netloc:

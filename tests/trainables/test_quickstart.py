@@ -15,7 +15,7 @@ from tunekit.cli import main
 from tunekit.trainables import DigitsTrainable
 
 _TUNEKIT_LINE = re.compile(
-    r"^(tunekit quickstart: |results go to |\[ *[0-9.]+s\] |best trial: |best checkpoint: |finished in |\*? +trial +lr|[- ]+$|\*? *[0-9a-f]{5}_\d{5}\s|$)"
+    r"^(tunekit quickstart: |results go to |\[ *[0-9.]+s\] |best trial: |best checkpoint: |finished in |next: |\*? +trial +lr|[- ]+$|\*? *[0-9a-f]{5}_\d{5}\s|$)"
 )
 
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.function import FunctionSession
+from tunekit.hparams import put_learning_rate
 from tunekit.state import TrainingState
 
 #: ``TrainingState.extras`` key prefix of a framework's own training state.
@@ -104,34 +105,25 @@ def new_state(framework: str, model: Any) -> Any:
     return FrameworkTrainingState(models={"model": model}, framework=framework)
 
 
-def apply_optimizer_values(optimizers: list[Any], schedulers: list[Any], changed: Mapping[str, Any]) -> None:
-    """Set PBT's values on live optimizers; a new learning rate also rescales the schedulers' base.
+def apply_optimizer_values(
+    optimizers: list[Any], schedulers: list[Any], changed: Mapping[str, Any], *, previous: Mapping[str, Any]
+) -> None:
+    """Set PBT's values on live optimizers; a new learning rate goes on under the LR schedule.
 
-    ``lr`` and ``learning_rate`` both mean the learning rate. A scheduler
-    that computes the rate from ``base_lrs`` (warm-up, linear or cosine decay)
-    gets the new base, and the param group keeps the schedule's current factor,
-    so the new rate is in effect from the next step and the schedule goes on.
+    ``lr`` and ``learning_rate`` both mean the learning rate: it is put in
+    effect as if the schedule had been built at it, its progress kept
+    (:func:`tunekit.hparams.put_learning_rate`, from the value in
+    ``previous``, the rate the restored checkpoint was saved with).
     """
     for key, value in changed.items():
-        name = "lr" if key in ("lr", "learning_rate") else key
-        groups = [(o, i, g) for o in optimizers for i, g in enumerate(o.param_groups) if name in g]
+        if key in ("lr", "learning_rate"):
+            put_learning_rate(optimizers, schedulers, value, previous=previous.get(key))
+            continue
+        groups = [g for o in optimizers for g in o.param_groups if key in g]
         if not groups:
-            raise ConfigError(f"hyperparameter {key}={value!r}: no optimizer param group has {name!r}")
-        for optimizer, index, group in groups:
-            if name != "lr":
-                group[name] = value
-                continue
-            factor = 1.0
-            for scheduler in schedulers:
-                if getattr(scheduler, "optimizer", None) is optimizer and hasattr(scheduler, "base_lrs"):
-                    base = scheduler.base_lrs[index]
-                    factor = group["lr"] / base if base else 1.0
-                    scheduler.base_lrs[index] = value
-                    if hasattr(scheduler, "_last_lr"):
-                        scheduler._last_lr[index] = value * factor
-            group["lr"] = value * factor
-            if "initial_lr" in group:
-                group["initial_lr"] = value
+            raise ConfigError(f"hyperparameter {key}={value!r}: no optimizer param group has {key!r}")
+        for group in groups:
+            group[key] = value
 
 
 class Reporter:

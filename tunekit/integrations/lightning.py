@@ -68,7 +68,7 @@ from tunekit.integrations._common import (
 )
 from tunekit.rng import restore_rng
 
-__all__ = ["fit"]
+__all__ = ["MUTABLE", "fit"]
 
 #: Hyperparameters a PBT exploit changes in place on Lightning's optimizers.
 MUTABLE = ("lr", "momentum", "weight_decay")
@@ -125,7 +125,8 @@ def _callback_class(pl: Any) -> type:
                 self.ckpt_file = None
             if self.state.pending_changes:
                 schedulers = [c.scheduler for c in trainer.lr_scheduler_configs]
-                apply_optimizer_values(list(trainer.optimizers), schedulers, self.state.pending_changes)
+                apply_optimizer_values(list(trainer.optimizers), schedulers, self.state.pending_changes,
+                                       previous=self.state.hparams)
                 self.state.pending_changes = {}
 
         def _metrics(self, trainer: Any) -> dict[str, Any]:

@@ -218,14 +218,18 @@ def _callback_class(transformers: Any) -> type:
                 self.running = None
             if self.state.pending_changes:  # the Trainer restored the donor's optimizer and scheduler by now
                 schedulers = [trainer.lr_scheduler] if trainer.lr_scheduler is not None else []
-                apply_optimizer_values([trainer.optimizer], schedulers, self.state.pending_changes)
+                apply_optimizer_values([trainer.optimizer], schedulers, self.state.pending_changes,
+                                       previous=self.state.hparams)
                 self.state.pending_changes = {}
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
             self.logged.update(plain_metrics(logs or {}))
 
         def _metrics(self, state: Any) -> dict[str, Any]:
-            metrics, self.logged = self.logged, {}
+            # The latest value of everything logged so far: an iteration that
+            # ends between two logs (every_n_steps not a multiple of
+            # logging_steps) reports the newest loss rather than none.
+            metrics = dict(self.logged)
             metrics.update(epoch=state.epoch, step=state.global_step)
             return metrics
 
