@@ -219,3 +219,16 @@ def pbt_experiment(ray_session, tmp_path_factory) -> Path:
     from tests.runs import run_pbt_experiment
 
     return run_pbt_experiment(tmp_path_factory.mktemp("pbt"))
+
+
+@pytest.fixture(scope="session")
+def quickstart_experiment(ray_session, tmp_path_factory) -> Path:
+    """`tunekit quickstart`'s own sweep (4 trials x 8 iterations, PBT, ParquetLogger), run once; copy before damaging."""
+    import io
+
+    from tunekit.trainables.quickstart import run_quickstart
+
+    storage = tmp_path_factory.mktemp("quickstart")
+    run_quickstart(num_samples=4, max_iterations=8, storage_path=str(storage), name="qs", stream=io.StringIO())
+    return storage / "qs"
+

@@ -48,3 +48,12 @@ def half_copy(fs, path):
     fs.delete_dir_contents(path)
     _write(fs, posixpath.join(path, MANIFEST_FILE), contents[MANIFEST_FILE])
     _write(fs, posixpath.join(path, STATE_FILE), contents[STATE_FILE][: len(contents[STATE_FILE]) // 3])
+
+
+def copy_experiment(source, where: str):
+    """A copy of the experiment directory ``source`` at ``where`` (a local path or an S3 URI): its Storage."""
+    from tunekit.storage import resolve_storage
+
+    target = resolve_storage(where)
+    pafs.copy_files(str(source), target.path, destination_filesystem=target.filesystem)
+    return target

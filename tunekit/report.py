@@ -12,6 +12,7 @@ import html
 import io
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,7 @@ import pandas as pd
 
 from tunekit.analysis import Lineage, load_results, pbt_lineage
 from tunekit.errors import ConfigError, ExperimentError
+from tunekit.results import format_ranges
 from tunekit.snapshot import RAY_KEYS, BestCheckpoint, ExperimentSnapshot, format_counts, read_experiment
 from tunekit.storage import Storage, resolve_storage
 
@@ -197,7 +199,9 @@ def write_report(
 
     experiment = resolve_storage(location)
     snapshot: ExperimentSnapshot = read_experiment(experiment)
-    df = load_results(experiment, snapshot=snapshot)
+    with warnings.catch_warnings():  # the report shows the damage and the gaps itself
+        warnings.simplefilter("ignore")
+        df = load_results(experiment, snapshot=snapshot)
     if df.empty:
         raise ExperimentError(f"{experiment.uri}: no results yet, nothing to report")
     if metric is None:
@@ -237,6 +241,11 @@ def write_report(
                            len(t.checkpoints), (t.error or "")[:80]])
     sections.append("<h2>Trials</h2>" + _table(
         ["trial", "status", "iterations", f"last {metric}", *shown, "checkpoints", "error"], trial_rows))
+    gaps = df.attrs.get("missing_iterations") or {}
+    if gaps:
+        sections.append("<p class='warn'>Rows Ray's result.json lost (tunekit.callbacks.ParquetLogger keeps every "
+                        "row): " + "; ".join(f"{html.escape(t)}: iterations {format_ranges(m)}"
+                                             for t, m in sorted(gaps.items())) + "</p>")
     if best is None or best.checkpoint is None:
         best_html = f"<p>No checkpoint that verifies records {html.escape(metric)}.</p>"
     else:

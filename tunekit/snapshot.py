@@ -31,6 +31,7 @@ from typing import Any, Literal
 import pyarrow.fs as pafs
 
 from tunekit._checks import check_mode, check_scope, is_number
+from tunekit.checkpoint import METADATA_FILE as METADATA_NAME
 from tunekit.checkpoint import read_metadata, unsupported_format, verify_checkpoint
 from tunekit.errors import CheckpointError
 from tunekit.experiment_dir import TrialDir, find_trials
@@ -423,7 +424,7 @@ def _read_trial_dir(
 
 
 def _checkpoints(
-    trial: TrialDir, raw_rows: list[dict[str, Any]], rows: list[dict[str, Any]]
+    trial: TrialDir, raw_rows: list[dict[str, Any]], rows: list[dict[str, Any]], problems: list[str]
 ) -> list[CheckpointSummary]:
     by_name = {}
     for row in raw_rows:  # the newest row naming a checkpoint wins
@@ -436,8 +437,10 @@ def _checkpoints(
         iteration = row.get("training_iteration")
         try:
             meta = read_metadata(ckpt.location)
-        except CheckpointError:
+        except CheckpointError as exc:
             meta = {}
+            if "unreadable" in str(exc) or "expected a JSON object" in str(exc):
+                problems.append(f"checkpoint {ckpt.location.uri} is corrupt: {METADATA_NAME} cannot be read")
         meta_iteration = meta.get("iteration")
         if isinstance(meta_iteration, int):
             iteration = meta_iteration
@@ -542,7 +545,7 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None) -> Exper
         last = _clean(runtime.get("last_result")) or (rows[-1] if rows else {})
         if rows and rows[-1].get("training_iteration", 0) >= last.get("training_iteration", 0):
             last = rows[-1]
-        checkpoints = _checkpoints(trial_dir, raw_rows, rows)
+        checkpoints = _checkpoints(trial_dir, raw_rows, rows, problems)
         iterations = max(
             [int(last.get("training_iteration") or 0)]
             + [c.iteration for c in checkpoints if isinstance(c.iteration, int)]
