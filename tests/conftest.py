@@ -30,6 +30,7 @@ def _init_ray(**kwargs):
     import ray
 
     return ray.init(
+        address="local",  # never a cluster someone started on this machine
         num_cpus=kwargs.pop("num_cpus", 2),
         include_dashboard=False,
         log_to_driver=False,

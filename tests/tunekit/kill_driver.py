@@ -146,7 +146,7 @@ def _quickstart(storage: str, name: str) -> int:
 def main(point: str, storage: str, name: str) -> int:
     if point == "quickstart":
         return _quickstart(storage, name)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     make_tuner(point, storage, name).fit()
     print("finished without being killed", flush=True)
     return 0

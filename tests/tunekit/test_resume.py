@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +13,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests.faults import flip_byte
 from tests.tunekit.kill_driver import OPTUNA_STOP, OPTUNA_TRIALS, STOP, make_tuner
-from tunekit import read_state
+from tunekit import read_state, resolve_storage
+from tunekit.checkpoint import verify_checkpoint
 from tunekit.analysis import load_results
 from tunekit.cli import main
 from tunekit.snapshot import read_experiment
@@ -138,3 +142,102 @@ def test_extend_continues_a_finished_experiment_with_every_iteration_once(ray_se
     assert read_experiment(str(exp)).trials[0].iterations == 2  # the original is unchanged
     (trial,) = read_experiment(str(extended)).trials
     assert read_state(trial.checkpoints[-1].uri)["counters"]["iteration"] == 4
+
+
+@pytest.fixture
+def other_ray():
+    """Somebody else's Ray on this machine (`ray start --head`), which a bare ray.init() would join.
+
+    Yields its session directory: every driver that connects to it leaves a
+    ``python-core-driver-*.log`` in its ``logs``.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    ray_bin = Path(sys.executable).parent / "ray"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [str(ray_bin), "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+         "--disable-usage-stats", "--block"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "Ray runtime started" in line:
+            break
+    else:
+        pytest.fail("ray start --head did not start:\n" + "".join(lines[-30:]))
+    session = Path("/tmp/ray/session_latest").resolve()
+    try:
+        yield session
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        # `ray start` leaves its address for bare ray.init() calls to find; later tests must not.
+        current = Path("/tmp/ray/ray_current_cluster")
+        if current.exists() and current.read_text().strip().endswith(f":{port}"):
+            current.unlink()
+
+
+def _drivers(session: Path) -> list[str]:
+    return sorted(p.name for p in (session / "logs").iterdir() if p.name.startswith("python-core-driver"))
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_resume_of_a_killed_quickstart_needs_no_trainable_and_keeps_damaged_checkpoints(where, storage, request):
+    """`tunekit resume EXP` as a new user types it: its own local Ray, the trainable found, damage said and kept."""
+    if where == "local":
+        other = request.getfixturevalue("other_ray")
+        base = str(storage)
+    else:
+        other = None
+        base = request.getfixturevalue("s3_bucket").uri()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "tests.tunekit.kill_driver", "quickstart", base, "qs"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stdout[-3000:] + proc.stderr[-3000:]
+    exp = resolve_storage(base).join("qs")
+    before = read_experiment(exp.uri)
+    assert not all(t.status == "TERMINATED" for t in before.trials)
+    trial = max(before.trials, key=lambda t: len(t.checkpoints))
+    assert len(trial.checkpoints) >= 2, [t.checkpoints for t in before.trials]
+    newest, older = sorted(trial.checkpoints, key=lambda c: c.iteration, reverse=True)[:2]
+    flip_byte(exp.filesystem, exp.join(trial.name, newest.name).path)
+    drivers = _drivers(other) if other else []
+
+    done = subprocess.run([sys.executable, "-m", "tunekit.cli", "resume", exp.uri],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "trainable: tunekit.trainables.class_api:DigitsTrainable (recorded in its checkpoints)" in out
+    assert (f"{trial.trial_id} ({trial.status}): continues from {older.name} (iteration {older.iteration}); "
+            f"passed over: {newest.name} is corrupt") in out
+    assert f"damaged copies kept as .{newest.name}.damaged" in out
+    after = read_experiment(exp.uri)
+    assert set(after.counts()) == {"TERMINATED"}
+    assert all(t.iterations >= STOP for t in after.trials)
+    # The damaged checkpoint survives Ray's num_to_keep as its copy, and every reader shows it.
+    copy = exp.join(trial.name, f".{newest.name}.damaged")
+    assert exp.filesystem.get_file_info(copy.path).type.name == "Directory"
+    assert not verify_checkpoint(copy).ok
+    assert main(["verify", exp.uri]) == 1
+    assert main(["status", exp.uri]) == 2
+    if other is not None:
+        assert _drivers(other) == drivers, "tunekit resume joined somebody else's Ray"
+
+
+def test_resume_of_a_finished_experiment_says_so_and_writes_nothing(quickstart_experiment, tmp_path, capsys):
+    exp = tmp_path / "finished"
+    shutil.copytree(quickstart_experiment, exp)
+    listing = sorted(str(p.relative_to(exp)) for p in exp.rglob("*"))
+    assert main(["resume", str(exp)]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().splitlines() == [
+        "nothing to resume: 4 trials 4 TERMINATED; `tunekit resume EXP --extend N` continues finished trials "
+        "to iteration N"]
+    assert sorted(str(p.relative_to(exp)) for p in exp.rglob("*")) == listing
