@@ -54,3 +54,71 @@ def test_storage_path_that_is_a_file_is_refused(tmp_path, capsys):
 def test_console_script_is_installed():
     out = subprocess.run([sys.executable, "-m", "tunekit.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "quickstart" in out.stdout
+
+
+# What a new user types wrong, and the one line each gets (exit 2; nothing written).
+# {exp} is the quickstart's experiment, {file} a file of the user's, {tmp} a fresh directory.
+BAD_INPUT = [
+    (["quickstart", "--address", "127.0.0.1:1"], "quickstart(address='127.0.0.1:1'): no Ray cluster answers there"),
+    (["quickstart", "--address", "127.0.0.1:1", "--cpus", "2"], "--cpus is for a local Ray"),
+    (["status", "s3://tunekit-no-such-bucket-x/exp"], "s3://tunekit-no-such-bucket-x/exp"),
+    (["verify", "s3://tunekit-no-such-bucket-x/exp"], "s3://tunekit-no-such-bucket-x/exp"),
+    (["report", "s3://tunekit-no-such-bucket-x/exp"], "s3://tunekit-no-such-bucket-x/exp"),
+    (["report", "{exp}", "--output", "/proc/x"], "--output /proc/x: cannot write there"),
+    (["report", "{exp}", "--output", "{file}"], "is a file; expected a directory to write the report into"),
+    (["status", "{exp}", "--metric", "acuracy", "--mode", "max"],
+     "--metric: no trial reported metric 'acuracy'; the trials reported: accuracy, loss, train_loss"),
+    (["report", "{exp}", "--metric", "acuracy", "--mode", "max", "--output", "{tmp}"],
+     "--metric: no trial reported metric 'acuracy'; the trials reported: accuracy, loss, train_loss"),
+    (["resume", "{exp}", "--trainable", "tunekit.trainables:load_digits_data"],
+     "load_digits_data is not a Tune trainable: expected a Trainable class or a training function"),
+    (["resume", "{exp}", "--trainable", "no_such_module:Thing"], "cannot import no_such_module"),
+    (["resume", "{exp}", "--trainable", "DigitsTrainable"], "expected module:attr"),
+]
+
+
+@pytest.mark.parametrize("argv, expected", BAD_INPUT, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_bad_input_gets_one_line_and_changes_nothing(argv, expected, quickstart_experiment, tmp_path, capsys):
+    users_file = tmp_path / "notes.txt"
+    users_file.write_text("mine")
+    listing = sorted(str(p) for p in quickstart_experiment.rglob("*"))
+    argv = [a.format(exp=quickstart_experiment, file=users_file, tmp=tmp_path / "out") for a in argv]
+    assert main(argv) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("reading ")]
+    assert len(err) == 1 and expected in err[0], err
+    assert users_file.read_text() == "mine"
+    assert sorted(str(p) for p in quickstart_experiment.rglob("*")) == listing
+
+
+def test_function_trainable_of_a_trainable_class_says_what_to_do():
+    import tunekit
+    from tunekit.trainables import DigitsTrainable
+
+    with pytest.raises(TypeError, match="DigitsTrainable is a Trainable class already; give it to tune.Tuner"):
+        tunekit.function_trainable(DigitsTrainable)
+
+
+def test_no_colour_reset_after_the_last_line_on_a_terminal():
+    """Ray's vendored colorama writes ESC[0m at exit to a terminal; a tunekit command's last line is its own."""
+    import os
+    import pty
+
+    code = ("from tunekit._connect import ray_for\n"
+            "with ray_for('check', cpus=1):\n    pass\n"
+            "print('last line', flush=True)\n")
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=follower, stderr=follower,
+                            env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    os.close(follower)
+    data = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    assert proc.wait() == 0, data[-2000:]
+    os.close(leader)
+    assert data.rstrip().endswith(b"last line"), data[-200:]

@@ -84,7 +84,7 @@ def run_quickstart(
     ``s3://bucket/prefix?endpoint_override=http://host:9000``; it is probed
     (reachable, writable) before anything starts.
     """
-    from tunekit._connect import ray_for
+    from tunekit._connect import check_address, ray_for
     from tunekit._ray import quiet_ray_notices, quiet_tune_banner
 
     out = stream or sys.stdout
@@ -93,6 +93,7 @@ def run_quickstart(
     integer_at_least("quickstart", "cpus", cpus, allow_none=True)
     number_at_least("quickstart", "gpus_per_trial", gpus_per_trial)
 
+    check_address("quickstart", address, cpus)  # before anything is written
     storage = resolve_storage(storage_path)
     name = name or time.strftime("quickstart_%Y-%m-%d_%H-%M-%S")
     if "/" in name or name in ("", ".", ".."):

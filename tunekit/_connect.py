@@ -17,7 +17,7 @@ from typing import Iterator
 
 from tunekit.errors import ConfigError, first_line
 
-__all__ = ["ray_for", "resolve_address"]
+__all__ = ["check_address", "ray_for", "resolve_address"]
 
 #: Seconds to wait for a named Ray head to accept a connection.
 CONNECT_TIMEOUT_ENV = "TUNEKIT_CONNECT_TIMEOUT_S"
@@ -59,6 +59,24 @@ def _probe(call: str, address: str) -> None:
         ) from None
 
 
+def check_address(call: str, address: str | None, cpus: int | None = None) -> str | None:
+    """The address to join (``address``, else ``$RAY_ADDRESS``), checked: it answers, and no ``cpus`` with it.
+
+    Returns None for a local Ray of the command's own.
+
+    Raises:
+        ConfigError: in one line, naming the address and what is expected.
+    """
+    address = resolve_address(address)
+    if not address or address == "local":
+        return None
+    if cpus is not None:
+        raise ConfigError(f"{call}(cpus={cpus}, address={address!r}): --cpus is for a local Ray; "
+                          "a cluster brings its own CPUs")
+    _probe(call, address)
+    return address
+
+
 @contextlib.contextmanager
 def ray_for(call: str, *, address: str | None = None, cpus: int | None = None) -> Iterator[bool]:
     """Ray for the duration of a command; yields True when it was started (or joined) here.
@@ -73,15 +91,11 @@ def ray_for(call: str, *, address: str | None = None, cpus: int | None = None) -
     """
     import ray
 
+    address = check_address(call, address, cpus)
     if ray.is_initialized():
         yield False
         return
-    address = resolve_address(address)
-    if address and address != "local":
-        if cpus is not None:
-            raise ConfigError(f"{call}(cpus={cpus}, address={address!r}): --cpus is for a local Ray; "
-                              "a cluster brings its own CPUs")
-        _probe(call, address)
+    if address:
         try:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
