@@ -25,7 +25,7 @@ __all__ = ["CHECKPOINT_DIR", "DAMAGED_COPY", "CheckpointDir", "TrialDir", "find_
 CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
 #: A copy of a damaged checkpoint that ``tunekit resume`` kept out of Ray's retention.
 DAMAGED_COPY = re.compile(r"^\.checkpoint_(\d+)\.damaged$")
-_TRIAL_FILES = ("params.json", "result.json", "progress.csv")
+_TRIAL_FILES = ("params.json", "result.json", "progress.csv", "error.txt")
 
 
 @dataclass(frozen=True)
