@@ -333,18 +333,36 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         return _ray.function_runner_reset(self, new_config)
 
 
+_INTEGRATIONS = ("tunekit.integrations.lightning", "tunekit.integrations.transformers")
+
+
 def _integration_mutable(train_fn: Callable[..., Any]) -> tuple[str, ...] | None:
-    """The ``MUTABLE`` of the framework integration ``train_fn`` calls by name in its body, else None."""
+    """The ``MUTABLE`` of the framework integration ``train_fn`` uses, else None.
+
+    Found in the function's own code: a module-level name bound to the
+    integration (or its ``fit``/``train``), or an import of it in the body.
+    """
+    import dis
+
     code = getattr(train_fn, "__code__", None)
-    scope = getattr(train_fn, "__globals__", {})
     if code is None:
         return None
+    scope = getattr(train_fn, "__globals__", {})
+    found = None
     for name in code.co_names:
         value = scope.get(name)
         module = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
-        if module in ("tunekit.integrations.lightning", "tunekit.integrations.transformers"):
-            return tuple(importlib.import_module(module).MUTABLE)
-    return None
+        if module in _INTEGRATIONS:
+            found = module
+    imported = None
+    for instruction in dis.get_instructions(code):
+        if instruction.opname == "IMPORT_NAME":
+            imported = instruction.argval
+            if imported in _INTEGRATIONS:
+                found = imported
+        elif instruction.opname == "IMPORT_FROM" and f"{imported}.{instruction.argval}" in _INTEGRATIONS:
+            found = f"{imported}.{instruction.argval}"
+    return tuple(importlib.import_module(found).MUTABLE) if found else None
 
 
 def function_trainable(

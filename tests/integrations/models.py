@@ -129,7 +129,8 @@ def hf_trainer(config: dict[str, Any], output_dir: str) -> Any:
     args = transformers.TrainingArguments(
         output_dir=output_dir, num_train_epochs=config.get("epochs", 5), learning_rate=config["learning_rate"],
         lr_scheduler_type=config.get("schedule", "linear"), per_device_train_batch_size=8,
-        per_device_eval_batch_size=16, eval_strategy="epoch", logging_strategy="epoch", save_strategy="no",
+        per_device_eval_batch_size=16, eval_strategy="epoch", save_strategy="no",
+        logging_strategy="steps" if "logging_steps" in config else "epoch", logging_steps=config.get("logging_steps", 500),
         report_to="none", seed=config.get("seed", 0), use_cpu=True, disable_tqdm=True,
         dataloader_num_workers=0,
     )

@@ -280,3 +280,34 @@ def test_pytorch_lightning_package_too(ray_session, storage):
     reference, _ = run_actor(TrainLightning, {**config, "package": "lightning.pytorch"}, storage, "l", 2)
     assert [r["train_loss"] for r in results] == [r["train_loss"] for r in reference]
     assert "optimizer_states" in read_state(saved.checkpoint.path)["extras"][KEY + "lightning"]
+
+
+def test_transformers_iterations_between_two_logs_report_the_latest_loss(ray_session, storage):
+    """every_n_steps=3 with logging_steps=2: each iteration reports the newest logged loss, none goes without."""
+    config = {**CASES["transformers"][1], "epochs": 1, "every_n_steps": 3, "logging_steps": 2}
+    results, _ = run_actor(TrainTransformers, config, storage, "misaligned", 2)
+    assert [r["step"] for r in results] == [3, 6]
+    assert all(isinstance(r.get("loss"), float) for r in results), results
+
+
+def test_the_integrations_mutables_are_what_pbt_setup_accepts():
+    """A training function that calls an integration may be mutated in what that integration applies, only."""
+    from ray import tune as _tune
+
+    from tests.integrations.models import train_lightning, train_transformers
+    from tunekit import function_trainable
+    from tunekit.pbt import pbt_setup
+    from tunekit.errors import ConfigError
+    from tunekit.integrations import lightning as tk_lightning
+    from tunekit.integrations import transformers as tk_transformers
+
+    lightning_trial = function_trainable(train_lightning)  # no mutable= given: the integration's
+    hf_trial = function_trainable(train_transformers)
+    assert lightning_trial.mutable() == tuple(tk_lightning.MUTABLE)
+    assert hf_trial.mutable() == tuple(tk_transformers.MUTABLE)
+    pbt_setup(hf_trial, metric="loss", mode="min", perturbation_interval=1,
+              mutations={"learning_rate": _tune.loguniform(1e-4, 1e-2)})
+    with pytest.raises(ConfigError, match=r"cannot change \['batch_size'\] in place.*function_trainable\("
+                                          r"train_lightning, mutable=\.\.\.\)"):
+        pbt_setup(lightning_trial, metric="loss", mode="min", perturbation_interval=1,
+                  mutations={"batch_size": [8, 16]})
