@@ -1,22 +1,46 @@
-"""README.md is true: its example runs as written, its set-up commands are the CI's."""
+"""README.md and docs/ are true: every Python and console snippet runs as written, the set-up commands are CI's.
+
+Snippets that need an experiment use the newest quickstart experiment under
+``~/tunekit_results``; each runs in a fresh process whose HOME holds a copy of
+the quickstart's experiment. ``text`` blocks are synopses and sample output.
+"""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: Snippets that run a Tuner get a local Ray of 2 CPUs, as on this project's machines.
+RAY_PRELUDE = ("import ray\nray.init(address='local', num_cpus=2, include_dashboard=False, log_to_driver=False)\n")
 
 
-def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
+def _blocks(text: str, lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def _snippets() -> list[tuple[str, int, str, str]]:
+    out = []
+    for page in PAGES:
+        text = page.read_text()
+        for lang in ("python", "console"):
+            for i, block in enumerate(_blocks(text, lang)):
+                out.append((str(page.relative_to(ROOT)), i, lang, block))
+    return out
+
+
+SNIPPETS = _snippets()
 
 
 def test_exactly_two_setup_commands():
-    commands = [line for block in _blocks("bash") for line in block.strip().splitlines()]
+    commands = [line for block in _blocks(README, "bash") for line in block.strip().splitlines()]
     assert len(commands) == 2
     quick, tests = commands
     assert quick.endswith("tunekit quickstart") and "pip install" in quick
@@ -26,16 +50,55 @@ def test_exactly_two_setup_commands():
     assert re.search(r"^python3 -m venv \.venv .*pytest", README, flags=re.M).group(0) == tests
 
 
+def test_readme_is_short_and_starts_with_the_users_path():
+    lines = README.splitlines()
+    assert len(lines) < 200
+    example = next(i for i, line in enumerate(lines) if line.startswith("class MyTrainable(TorchTrainable)"))
+    assert example < 80
+    assert "Python 3.11" in README and "python_requires = >=3.11" in (ROOT / "setup.cfg").read_text()
+    for link in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (ROOT / link).is_file(), link
+
+
+@pytest.fixture(scope="module")
+def home(quickstart_experiment, tmp_path_factory) -> Path:
+    """A HOME whose ~/tunekit_results holds the quickstart's experiment, as after README's first command."""
+    home = tmp_path_factory.mktemp("home")
+    shutil.copytree(quickstart_experiment, home / "tunekit_results" / "quickstart_2026-11-23_10-00-00")
+    return home
+
+
+def _env(home: Path) -> dict[str, str]:
+    return {"HOME": str(home), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "RAY_AUTH_MODE": "disabled",
+            "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.mark.parametrize("page, index, lang, code", [s for s in SNIPPETS if "class MyTrainable" not in s[3]],
+                         ids=[f"{p}:{lang}{i}" for p, i, lang, c in SNIPPETS if "class MyTrainable" not in c])
+def test_snippet_runs_as_written(page, index, lang, code, home, tmp_path):
+    if lang == "python":
+        script = tmp_path / "snippet.py"
+        script.write_text((RAY_PRELUDE if "Tuner(" in code else "") + code)
+        argv = [sys.executable, str(script)]
+    else:
+        commands = [line[2:] for line in code.splitlines() if line.startswith("$ ")]
+        assert commands, f"{page}: a console block without $ lines"
+        script = tmp_path / "snippet.sh"
+        script.write_text("set -euo pipefail\n" + "\n".join(commands) + "\n")
+        argv = ["bash", str(script)]
+    done = subprocess.run(argv, cwd=tmp_path, env=_env(home), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{page} {lang} block {index}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+
 def test_user_path_example_runs(tmp_path):
-    (example,) = [b for b in _blocks("python") if "tune.Tuner(" in b and "TorchTrainable" in b]
+    (example,) = [b for b in _blocks(README, "python") if "tune.Tuner(" in b and "TorchTrainable" in b]
     script = tmp_path / "example.py"
-    script.write_text(
-        "import ray\nray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)\n" + example
-    )
+    script.write_text(RAY_PRELUDE + example)
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.search(r"best lr: 0\.0[13] loss: [0-9.]+", out.stdout)
     paths = re.search(r"checkpoints: \[(.*)\]", out.stdout).group(1)
     assert paths.count("checkpoint_") == 2  # iterations 3 and 6
-    assert str(tmp_path / "ray_results") in paths
+    assert str(tmp_path / "ray_results" / "my_sweep") in paths  # where README says a plain Tuner.fit() writes
+    assert (tmp_path / "ray_results" / "my_sweep" / "tunekit_results").is_dir()  # ParquetLogger's dataset
