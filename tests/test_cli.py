@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -64,6 +65,7 @@ BAD_INPUT = [
     (["status", "s3://tunekit-no-such-bucket-x/exp"], "s3://tunekit-no-such-bucket-x/exp"),
     (["verify", "s3://tunekit-no-such-bucket-x/exp"], "s3://tunekit-no-such-bucket-x/exp"),
     (["report", "s3://tunekit-no-such-bucket-x/exp"], "s3://tunekit-no-such-bucket-x/exp"),
+    (["quickstart", "--storage-path", "s3://tunekit-no-such-bucket-x/runs"], "s3://tunekit-no-such-bucket-x/runs"),
     (["report", "{exp}", "--output", "/proc/x"], "--output /proc/x: cannot write there"),
     (["report", "{exp}", "--output", "{file}"], "is a file; expected a directory to write the report into"),
     (["status", "{exp}", "--metric", "acuracy", "--mode", "max"],
@@ -122,3 +124,13 @@ def test_no_colour_reset_after_the_last_line_on_a_terminal():
     assert proc.wait() == 0, data[-2000:]
     os.close(leader)
     assert data.rstrip().endswith(b"last line"), data[-200:]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_report_into_a_read_only_directory_is_one_line(quickstart_experiment, tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    assert main(["report", str(quickstart_experiment), "--output", str(locked / "r")]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("reading ")]
+    assert len(err) == 1 and "cannot write there" in err[0]
