@@ -28,7 +28,6 @@ import pyarrow.parquet as pq
 from tunekit._checks import check_mode, check_scope
 from tunekit.checkpoint import load_model
 from tunekit.errors import ConfigError, ExperimentError, StorageError
-from tunekit.experiment_dir import find_trials
 from tunekit.results import format_ranges, lost_iterations, parse_result_lines, read_text
 from tunekit.snapshot import BestCheckpoint, ExperimentSnapshot, read_experiment
 from tunekit.storage import Storage, resolve_storage
@@ -116,10 +115,10 @@ def _read_files(fs: pafs.FileSystem, paths: list[str]) -> list[bytes]:
         return list(pool.map(read, paths))
 
 
-def _from_result_json(experiment: Storage) -> pd.DataFrame:
+def _from_result_json(experiment: Storage, names: list[str], problems: list[str]) -> pd.DataFrame:
+    """Every trial's ``result.json`` (``names``: the trial directories), damaged lines counted into ``problems``."""
     fs = experiment.filesystem
-    trials = [t for t in find_trials(experiment)]
-    blobs = _read_files(fs, [posixpath.join(t.location.path, "result.json") for t in trials])
+    blobs = _read_files(fs, [posixpath.join(experiment.join(name).path, "result.json") for name in names])
     try:  # fast: one C++ JSON parse over every trial's lines
         data = b"\n".join(b for b in (blob.strip() for blob in blobs) if b)
         if not data:
@@ -134,11 +133,13 @@ def _from_result_json(experiment: Storage) -> pd.DataFrame:
         return df
     except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError):  # torn lines, type changes: row by row
         rows: list[dict[str, Any]] = []
-        for trial, blob in zip(trials, blobs):
-            parsed, _ = parse_result_lines(blob.decode("utf-8", errors="replace"))
+        for name, blob in zip(names, blobs):
+            parsed, bad = parse_result_lines(blob.decode("utf-8", errors="replace"))
+            if bad:
+                problems.append(f"{name}/result.json: {bad} damaged line(s) skipped")
             for row in parsed:
                 flat = flatten_result(row)
-                flat.setdefault("trial_id", trial.name)
+                flat.setdefault("trial_id", name)
                 rows.append(flat)
         return pd.DataFrame.from_records(rows)
 
@@ -169,7 +170,7 @@ def load_results(
             from, marked with ``inherited_from`` (that trial's id): every
             iteration of its history once.
         snapshot: The experiment as already read (:func:`tunekit.snapshot.read_experiment`), so
-            that nothing is read twice; read here when not given.
+            that nothing is read twice; its structure is read here when not given.
 
     The damage found while reading (a state file or result lines that could
     not be read, checkpoints that failed verification) is in
@@ -183,20 +184,21 @@ def load_results(
     if source not in ("auto", "parquet", "json"):
         raise ConfigError(f"load_results(source={source!r}): expected 'auto', 'parquet' or 'json'")
     experiment = resolve_storage(location, filesystem=filesystem)
+    snap = snapshot if snapshot is not None else read_experiment(experiment, results=False)
     parts = _parquet_parts(experiment) if source != "json" else []
+    read_problems: list[str] = []
     if parts:
         df = _from_parquet(experiment, parts)
     elif source == "parquet":
         raise ExperimentError(f"{experiment.uri}: no {RESULTS_DIR}/*.parquet (was ParquetLogger used?)")
     else:
-        df = _from_result_json(experiment)
+        df = _from_result_json(experiment, [t.name for t in snap.trials], read_problems)
     if df.empty:
         return df
     df = _dedupe_frame(df)
     if warm_start_history:
         df = _with_warm_start_history(df, experiment, _seen=_seen)
     df = _order_columns(df)
-    snap = snapshot if snapshot is not None else read_experiment(experiment)
     if _ITER in df.columns:
         continued = {t.trial_id for t in snap.trials if t.continued}
         gaps = {
@@ -215,9 +217,10 @@ def load_results(
                 "Ray's result.json lost them (add tunekit.callbacks.ParquetLogger to keep every row)",
                 stacklevel=2,
             )
-    if snap.problems:
-        df.attrs["problems"] = list(snap.problems)
-        warnings.warn(f"{experiment.uri} is damaged: {'; '.join(snap.problems)}", stacklevel=2)
+    problems = list(snap.problems) + [p for p in read_problems if p not in snap.problems]
+    if problems:
+        df.attrs["problems"] = problems
+        warnings.warn(f"{experiment.uri} is damaged: {'; '.join(problems)}", stacklevel=2)
     return df
 
 

@@ -39,15 +39,18 @@ from tunekit.results import dedupe_lineage, lost_iterations, parse_result_lines,
 from tunekit.storage import Storage, resolve_storage
 
 __all__ = [
+    "RAY_KEYS",
     "BestCheckpoint",
     "CheckpointSummary",
     "Exploit",
     "ExperimentSnapshot",
     "TrialSnapshot",
-    "format_counts",
     "error_message",
+    "format_counts",
+    "ranked",
     "read_exploits",
     "read_experiment",
+    "trial_tags",
 ]
 
 _PICKLED = "CLOUDPICKLE_FALLBACK"
@@ -404,17 +407,22 @@ def error_message(text: str | None) -> str | None:
     return lines[-1] if lines else None
 
 
+def _read_params(experiment: Storage, trial: TrialDir, problems: list[str]) -> dict[str, Any] | None:
+    params_text = read_text(experiment.filesystem, posixpath.join(trial.location.path, "params.json"))
+    if not params_text:
+        return None
+    try:
+        return json.loads(params_text)
+    except ValueError:
+        problems.append(f"{trial.name}/params.json is damaged")
+        return None
+
+
 def _read_trial_dir(
     experiment: Storage, trial: TrialDir, problems: list[str]
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str | None]:
     fs = experiment.filesystem
-    params_text = read_text(fs, posixpath.join(trial.location.path, "params.json"))
-    params = None
-    if params_text:
-        try:
-            params = json.loads(params_text)
-        except ValueError:
-            problems.append(f"{trial.name}/params.json is damaged")
+    params = _read_params(experiment, trial, problems)
     results_text = read_text(fs, posixpath.join(trial.location.path, "result.json")) or ""
     rows, bad = parse_result_lines(results_text)
     if bad:
@@ -514,11 +522,15 @@ def _infer_status(rows: list[dict[str, Any]], error: str | None) -> str:
     return "TERMINATED" if rows[-1].get("done") else "RUNNING"
 
 
-def read_experiment(location: str | Storage, *, filesystem: Any = None) -> ExperimentSnapshot:
+def read_experiment(location: str | Storage, *, filesystem: Any = None, results: bool = True) -> ExperimentSnapshot:
     """Read the experiment at ``location``: trials, statuses, results, checkpoints.
 
     A damaged state or result file does not stop the reading: what can be read
     is returned and :attr:`ExperimentSnapshot.problems` says what could not.
+    ``results=False`` reads the experiment's structure only (trials, configs,
+    statuses, PBT exploits, the state file's damage): no result rows and no
+    checkpoints, for readers that take those from elsewhere
+    (:func:`tunekit.analysis.load_results` reads the rows itself).
 
     Raises:
         ExperimentError: ``location`` is not an experiment directory.
@@ -537,7 +549,10 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None) -> Exper
         seen.add(trial_dir.name)
         entry = recorded.get(trial_dir.name, {})
         trial, runtime = entry.get("trial", {}), entry.get("runtime", {})
-        params, raw_rows, error = _read_trial_dir(experiment, trial_dir, problems)
+        if results:
+            params, raw_rows, error = _read_trial_dir(experiment, trial_dir, problems)
+        else:
+            params, raw_rows, error = _read_params(experiment, trial_dir, problems) if "config" not in trial else None, [], None
         for copy in trial_dir.damaged_copies:
             problems.append(f"{trial_dir.name}/{copy}: a damaged checkpoint's copy that tunekit resume kept "
                             "(`tunekit verify` says what is wrong with it)")
@@ -545,7 +560,7 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None) -> Exper
         last = _clean(runtime.get("last_result")) or (rows[-1] if rows else {})
         if rows and rows[-1].get("training_iteration", 0) >= last.get("training_iteration", 0):
             last = rows[-1]
-        checkpoints = _checkpoints(trial_dir, raw_rows, rows, problems)
+        checkpoints = _checkpoints(trial_dir, raw_rows, rows, problems) if results else []
         iterations = max(
             [int(last.get("training_iteration") or 0)]
             + [c.iteration for c in checkpoints if isinstance(c.iteration, int)]
