@@ -596,6 +596,15 @@ def confirm_upload(location: CheckpointLocation) -> None:
         )
 
 
+def is_foreign_checkpoint(location: CheckpointLocation) -> bool:
+    """True if the directory holds files and none of them is tunekit's: a checkpoint the training code wrote itself."""
+    where = _locate(location)
+    infos = _storage_call(where, "list", where.filesystem.get_file_info,
+                          pafs.FileSelector(where.path, allow_not_found=True))
+    names = {info.base_name for info in infos}
+    return bool(infos) and not names.intersection(_TUNEKIT_FILES)
+
+
 def is_tunekit_checkpoint(location: CheckpointLocation) -> bool:
     """True if the directory holds any tunekit file (committed or not)."""
     where = _locate(location)

@@ -60,6 +60,7 @@ from tunekit.checkpoint import (
     _staging_dirs,
     _writer_id,
     confirm_upload,
+    is_foreign_checkpoint,
     read_metadata,
     read_state,
     sync_in_background,
@@ -548,6 +549,11 @@ def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[T
         local, report = _fetch(requested.checkpoint, temps)
         if report.ok:
             return TrainingResult(checkpoint=local, metrics=requested.metrics), temps
+        if report.problems == [f"no {MANIFEST_FILE}"] and is_foreign_checkpoint(local):
+            # The training code reported it itself (tune.report(checkpoint=...)): hand it back as
+            # Ray would, unverified; only checkpoints tunekit wrote are verified and fall back.
+            _note_foreign(requested.checkpoint.path)
+            return TrainingResult(checkpoint=local, metrics=requested.metrics), temps
         if report.status == "unsupported":  # not damaged: falling back would lose its progress
             raise CheckpointError(f"cannot restore: checkpoint {report.describe()}")
         skipped = [report]
@@ -582,6 +588,17 @@ def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[T
     except BaseException:
         remove_temps(temps)
         raise
+
+
+_FOREIGN_NOTED: set[str] = set()
+
+
+def _note_foreign(path: str) -> None:
+    """Say once per process that checkpoints the training code writes itself are not verified."""
+    if not _FOREIGN_NOTED:
+        logger.warning("tunekit: restoring %s, a checkpoint the training code wrote itself: it carries no "
+                       "integrity manifest, so it is handed back as Ray would, unverified", path)
+    _FOREIGN_NOTED.add(path)
 
 
 def _first_write_interrupted(checkpoint: tune.Checkpoint, trial_dir: str | None) -> bool:

@@ -22,8 +22,10 @@ from tests.trainables.contract import (
     tensors_equal,
     worker_logs_mention,
 )
+import tunekit
 from tunekit import read_metadata, read_state, verify_checkpoint, warm_start
 from tunekit.callbacks import CheckpointByStepsTaken
+from tunekit.snapshot import read_experiment
 from tunekit.trainables import DigitsTrainable, TrainDigits
 
 CONFIG = {"lr": 0.05, "momentum": 0.9, "hidden_size": 16, "batch_size": 32, "seed": 7, "steps_per_iteration": 7}
@@ -306,3 +308,43 @@ def test_a_save_right_after_restore_records_the_restored_metrics(ray_session, st
         end_actor(actor)
     metrics = read_metadata(first.checkpoint.path)["metrics"]
     assert "accuracy" in metrics and read_metadata(again.checkpoint.path)["metrics"] == metrics
+
+
+def _seeds_function_api_example(config):
+    """The seeds' function-API example as written: its own torch.save'd checkpoint each epoch."""
+    import os
+    import tempfile
+
+    import torch
+    from ray.tune import Checkpoint
+
+    start = 1
+    my_model = torch.nn.Linear(4, 2)
+    checkpoint = tune.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as checkpoint_dir:
+            checkpoint_dict = torch.load(os.path.join(checkpoint_dir, "checkpoint.pt"))
+        start = checkpoint_dict["epoch"] + 1
+        my_model.load_state_dict(checkpoint_dict["model_state"])
+    for epoch in range(start, config["epochs"] + 1):
+        metrics = {"metric": 1, "epoch": epoch}
+        with tempfile.TemporaryDirectory() as tempdir:
+            torch.save({"epoch": epoch, "model_state": my_model.state_dict()}, os.path.join(tempdir, "checkpoint.pt"))
+            tune.report(metrics=metrics, checkpoint=Checkpoint.from_directory(tempdir))
+
+
+def test_a_function_reporting_its_own_checkpoints_is_retried_as_ray_would(ray_session, storage):
+    """Wrapped by function_trainable, the seeds' example survives a killed worker: its checkpoints come back unverified."""
+    grid = tune.Tuner(
+        tunekit.function_trainable(_seeds_function_api_example),
+        param_space={"epochs": 6},
+        run_config=tune.RunConfig(
+            name="seeds", storage_path=str(storage), callbacks=[KillActorOnce(at=4)],
+            failure_config=tune.FailureConfig(max_failures=2), verbose=0,
+        ),
+    ).fit()
+    assert not grid.errors, grid.errors
+    (result,) = grid
+    assert result.metrics["epoch"] == 6
+    epochs = [row["epoch"] for row in read_experiment(str(storage / "seeds")).trials[0].results]
+    assert epochs[-1] == 6 and set(range(1, 7)) <= set(epochs)
