@@ -26,11 +26,18 @@ def truncate(fs, path):
     _write(fs, posixpath.join(path, STATE_FILE), data[: len(data) // 2])
 
 
-def flip_byte(fs, path, name=STATE_FILE):
-    """Flip the bits of one byte in the middle of a file of the checkpoint."""
+def flip_byte(fs, path, name=STATE_FILE, *, this_copy_only=False):
+    """Flip the bits of one byte in the middle of a file of the checkpoint.
+
+    The file is rewritten in place, so a checkpoint hard-linked to it (a second
+    save of the same iteration, a kept copy) is damaged too, as bit rot would
+    damage it. ``this_copy_only``: write a new file instead, leaving such twins whole.
+    """
     file = posixpath.join(path, name)
     data = bytearray(_read(fs, file))
     data[len(data) // 2] ^= 0xFF
+    if this_copy_only:
+        fs.delete_file(file)
     _write(fs, file, bytes(data))
 
 

@@ -122,9 +122,8 @@ def test_extend_falls_back_from_a_damaged_newest_checkpoint(damaged_copy, capfd)
     where, storage = damaged_copy
     snapshot = read_experiment(where)
     trial = snapshot.trials[0]
-    newest = max(trial.checkpoints, key=lambda c: c.iteration)
-    older = max((c for c in trial.checkpoints if c is not newest), key=lambda c: c.iteration)
-    flip_byte(storage.filesystem, storage.join(trial.name, newest.name).path)
+    newest, older = sorted(trial.checkpoints, key=lambda c: (c.iteration, c.name), reverse=True)[:2]
+    flip_byte(storage.filesystem, storage.join(trial.name, newest.name).path, this_copy_only=True)
     stop = max(t.iterations for t in snapshot.trials) + 2
 
     assert main(["resume", where, "--extend", str(stop)]) == 0

@@ -206,8 +206,9 @@ def test_resume_of_a_killed_quickstart_needs_no_trainable_and_keeps_damaged_chec
     assert not all(t.status == "TERMINATED" for t in before.trials)
     trial = max(before.trials, key=lambda t: len(t.checkpoints))
     assert len(trial.checkpoints) >= 2, [t.checkpoints for t in before.trials]
-    newest, older = sorted(trial.checkpoints, key=lambda c: c.iteration, reverse=True)[:2]
-    flip_byte(exp.filesystem, exp.join(trial.name, newest.name).path)
+    newest, older = sorted(trial.checkpoints, key=lambda c: (c.iteration, c.name), reverse=True)[:2]
+    # (both may hold one iteration, hard links of one save: damage the newest's own copy)
+    flip_byte(exp.filesystem, exp.join(trial.name, newest.name).path, this_copy_only=True)
     drivers = _drivers(other) if other else []
 
     done = subprocess.run([sys.executable, "-m", "tunekit.cli", "resume", exp.uri],
