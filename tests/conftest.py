@@ -52,17 +52,20 @@ def ray_session() -> Iterator[None]:
 
 @pytest.fixture
 def fresh_ray() -> Iterator[object]:
-    """A Ray of its own for a test that needs isolation (restarts the shared one after).
+    """A Ray of its own (2 CPUs, nothing left over from earlier tests); the shared one comes back after.
 
-    Use ``fresh_ray(num_gpus=2)`` style by parametrizing ``fresh_ray_kwargs``.
+    For a test that needs the whole of the 2 CPUs, such as a Train run whose workers take them all.
     """
     import ray
 
-    if ray.is_initialized():
+    was_running = ray.is_initialized()
+    if was_running:
         ray.shutdown()
     info = _init_ray()
     yield info
     ray.shutdown()
+    if was_running:
+        _init_ray()
 
 
 @pytest.fixture

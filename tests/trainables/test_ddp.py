@@ -28,7 +28,7 @@ def _checkpoints(train_runs: Path) -> list[Path]:
     return sorted(p for p in train_runs.glob("ddp-*/checkpoint_*") if p.is_dir())
 
 
-def test_data_parallel_trial_checkpoints_every_rank_and_recovers_a_killed_worker(ray_session, storage, tmp_path):
+def test_data_parallel_trial_checkpoints_every_rank_and_recovers_a_killed_worker(fresh_ray, storage, tmp_path):
     clean, clean_runs = _run(storage, "clean")
     assert not clean.errors, clean.errors
     assert clean[0].metrics["iteration"] == CONFIG["epochs"] and clean[0].metrics["world_size"] == 2
