@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -514,6 +515,15 @@ def trial_tags(trials: list[TrialSnapshot]) -> dict[str, str]:
     return out
 
 
+_TRIAL_ID_IN_NAME = re.compile(r"(?:^|_)([0-9a-f]{5}_\d{5})(?:_|$)")
+
+
+def _id_in_name(dir_name: str) -> str:
+    """Ray's trial id in its directory name (``<trainable>_<id>_<index>_...``), else the name."""
+    match = _TRIAL_ID_IN_NAME.search(dir_name)
+    return match[1] if match else dir_name
+
+
 def _infer_status(rows: list[dict[str, Any]], error: str | None) -> str:
     if error:
         return "ERROR"
@@ -574,7 +584,7 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
             status = "RUNNING"  # the state file is older than the trial's progress
         trials.append(
             TrialSnapshot(
-                trial_id=str(trial.get("trial_id") or last.get("trial_id") or trial_dir.name),
+                trial_id=str(trial.get("trial_id") or last.get("trial_id") or _id_in_name(trial_dir.name)),
                 name=trial_dir.name,
                 trainable_name=trial.get("trainable_name"),
                 config=config,
