@@ -14,8 +14,9 @@ takes effect as soon as the trial continues.
 :func:`run_toy_problem` runs the experiment the paper describes: PBT with
 the members ready every 4 steps, exploit = copy the better member (theta,
 h and step size), explore = add Gaussian noise (sd 0.2) to h, 120 steps.
-It uses Ray's asynchronous PBT, whose per-trial pause/restore is several
-times faster here than synchronous PBT. Asynchronous PBT only exploits when
+It uses Ray's asynchronous PBT (Ray 2.60's synchronous PBT stops making
+progress here after a few perturbations, with a plain ``tune.Trainable``
+too: both members paused, none resumed). Asynchronous PBT only exploits when
 one member is strictly worse, and the paper's two members are exactly
 symmetric (equal Q at every step), so the members' step sizes differ a
 little (0.2 and 0.19) to break the tie. A pure-Python simulation of the
@@ -29,6 +30,7 @@ Run it as an example::
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import sys
@@ -86,21 +88,35 @@ class ToyPBT(TorchTrainable):
                     "theta0": float(theta[0]), "theta1": float(theta[1])}
 
 
-def explore_h(config: dict[str, Any]) -> dict[str, Any]:
-    """PBT's explore step of the paper: perturb h with Gaussian noise (sd ``EXPLORE_SD``)."""
+def explore_h(config: dict[str, Any], rng: random.Random | None = None) -> dict[str, Any]:
+    """PBT's explore step of the paper: perturb h with Gaussian noise (sd ``EXPLORE_SD``).
+
+    ``rng``: where the noise comes from (default: the ``random`` module).
+
+    >>> explore_h({"h": [1.0, 0.0]}, random.Random(0))["h"] != [1.0, 0.0]
+    True
+    """
     config = dict(config)
-    config["h"] = [float(v) + random.gauss(0.0, EXPLORE_SD) for v in config["h"]]
+    gauss = (rng or random).gauss
+    config["h"] = [float(v) + gauss(0.0, EXPLORE_SD) for v in config["h"]]
     return config
 
 
 def run_toy_problem(storage_path: str, *, pbt: bool, name: str | None = None, steps: int = BUDGET,
-                    one_slot: bool = False) -> float:
+                    one_slot: bool = False, seed: int | None = None) -> float:
     """Run the population of two for ``steps`` steps; return the best Q any member reached.
 
     ``pbt=False`` runs the same two members with the same budget and no
     scheduler (no exploit, no explore). ``one_slot=True``: each member asks
     for all of the cluster's CPUs, so the two time-share one slot (pause,
-    resume) instead of running side by side. Needs a running Ray (or starts one).
+    resume) instead of running side by side. Then the population's path does
+    not depend on timing: which member runs, when it pauses and whom it
+    clones follow from iteration counts alone (a member pauses two intervals
+    ahead of the other, see :class:`tunekit.pbt.PopulationBasedTrainingNoIdlePause`),
+    and with ``seed`` the explore noise is fixed too. Side by side, the order
+    in which the two members' results reach the scheduler decides who clones
+    whom, and a run can end below the target (seen: Q = 1.10 and 1.17).
+    Needs a running Ray (or starts one).
     """
     import ray
     from ray import tune
@@ -108,8 +124,9 @@ def run_toy_problem(storage_path: str, *, pbt: bool, name: str | None = None, st
     from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
 
     quiet_pbt_keep_warning()
+    explore = explore_h if seed is None else functools.partial(explore_h, rng=random.Random(seed))
     setup = pbt_setup(ToyPBT, metric="Q", mode="max", perturbation_interval=READY_EVERY,
-                      custom_explore_fn=explore_h, quantile_fraction=0.5, num_to_keep=1)
+                      custom_explore_fn=explore, quantile_fraction=0.5, num_to_keep=1)
     tune_config = setup.tune_config_kwargs()
     if not pbt:
         del tune_config["scheduler"]
@@ -137,8 +154,10 @@ def run_toy_problem(storage_path: str, *, pbt: bool, name: str | None = None, st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The toy problem of the PBT paper: PBT against no PBT.")
     parser.add_argument("--storage-path", default=None, help="where to write (default: a temporary directory)")
-    parser.add_argument("--one-slot", action="store_true",
-                        help="the two members time-share one slot (pause and resume in turn)")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="the two members run side by side (default: they time-share one slot, pausing "
+                             "and resuming in turn, so the result does not depend on timing)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the explore noise (default 0)")
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
@@ -146,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     storage = args.storage_path or tempfile.mkdtemp(prefix="tunekit-toy-pbt-")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        with_pbt = run_toy_problem(storage, pbt=True, one_slot=args.one_slot)
-        without = run_toy_problem(storage, pbt=False, one_slot=args.one_slot)
+        one_slot = not args.side_by_side
+        with_pbt = run_toy_problem(storage, pbt=True, one_slot=one_slot, seed=args.seed)
+        without = run_toy_problem(storage, pbt=False, one_slot=one_slot)
     finally:
         ray.shutdown()
     print(f"best Q with exploit/explore:    {with_pbt:.4f}  (target >= {TARGET_Q})")
