@@ -198,8 +198,8 @@ def _fsynced_torch_save(sd: Any, path: str) -> None:
 
 
 def _save_restore_integrity(args: argparse.Namespace, root: str, which: set[str], gib: float) -> list[str]:
-    from tunekit.checkpoint import verify_checkpoint, wait_for_durability
-    from tunekit.trial_checkpoint import save_trial_state
+    from tunekit._saving import save_trial_state, wait_for_durability
+    from tunekit.checkpoint import verify_checkpoint
 
     trainable = _trainable(root, gib)
     sd = {"model": trainable.state.model.state_dict(), "optimizer": trainable.state.optimizer.state_dict()}

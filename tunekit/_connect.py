@@ -15,13 +15,11 @@ import os
 import socket
 from typing import Iterator
 
+from tunekit import _env
 from tunekit.errors import ConfigError, first_line
 
 __all__ = ["check_address", "ray_for", "resolve_address"]
 
-#: Seconds to wait for a named Ray head to accept a connection.
-CONNECT_TIMEOUT_ENV = "TUNEKIT_CONNECT_TIMEOUT_S"
-_DEFAULT_TIMEOUT_S = 10.0
 
 
 def resolve_address(address: str | None) -> str | None:
@@ -30,12 +28,7 @@ def resolve_address(address: str | None) -> str | None:
 
 
 def _timeout() -> float:
-    raw = os.environ.get(CONNECT_TIMEOUT_ENV, "")
-    try:
-        value = float(raw) if raw else _DEFAULT_TIMEOUT_S
-    except ValueError:
-        raise ConfigError(f"{CONNECT_TIMEOUT_ENV}={raw!r}: expected a number of seconds") from None
-    return value if value > 0 else _DEFAULT_TIMEOUT_S
+    return _env.get_float("TUNEKIT_CONNECT_TIMEOUT_S")
 
 
 def _probe(call: str, address: str) -> None:

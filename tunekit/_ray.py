@@ -294,12 +294,39 @@ class PBTWithDonorChoice(PopulationBasedTraining):
         from ray.tune.experiment import Trial
 
         if trial.status != Trial.RUNNING or not supports_clone(trial) or not self.exploit_in_place(trial):
-            return super()._exploit(tune_controller, trial, trial_to_clone)
+            super()._exploit(tune_controller, trial, trial_to_clone)
+            if supports_clone(trial):
+                pin_donor_checkpoint(trial)  # read when the paused trial resumes
+            return
         # Ray's exploit (new config, tag, the donor's checkpoint as the trial's
         # latest), but the trial keeps its worker: reset + restore run there.
         super()._exploit(_NoPause(tune_controller), trial, trial_to_clone)
+        pin_donor_checkpoint(trial)
         clone_in_place(trial)
         self.exploited_in_place.add(trial)
+
+
+def pin_donor_checkpoint(trial: Any) -> None:
+    """Make the donor checkpoint Ray's exploit gave ``trial`` a pinned copy, which ``num_to_keep`` never deletes.
+
+    Between the scheduler's decision and the clone reading the checkpoint, the
+    donor goes on training: its next checkpoint makes Ray delete the one
+    chosen (``num_to_keep=1``). The trial is given the pin instead
+    (:func:`tunekit._trial_dir.pin_checkpoint`); the restore that reads it
+    removes it.
+    """
+    from tunekit._trial_dir import pin_checkpoint
+
+    manager = trial.run_metadata.checkpoint_manager
+    result = manager._latest_checkpoint_result
+    checkpoint = getattr(result, "checkpoint", None)
+    if checkpoint is None:
+        return
+    pinned = pin_checkpoint(checkpoint.filesystem, checkpoint.path)
+    if pinned is not None:
+        manager._latest_checkpoint_result = TrainingResult(
+            checkpoint=tune.Checkpoint(pinned, filesystem=checkpoint.filesystem), metrics=result.metrics
+        )
 
 
 # -- output ----------------------------------------------------------------------

@@ -30,7 +30,7 @@ from tunekit.checkpoint import load_model
 from tunekit.errors import ConfigError, ExperimentError, StorageError
 from tunekit.results import format_ranges, lost_iterations, parse_result_lines, read_text
 from tunekit.snapshot import BestCheckpoint, ExperimentSnapshot, read_experiment
-from tunekit.storage import Storage, resolve_storage
+from tunekit.storage import Storage, resolve_storage, storage_errors
 from tunekit.table import RESULTS_DIR, flatten_result, is_number
 
 __all__ = [
@@ -78,10 +78,8 @@ def _dedupe_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 def _parquet_parts(experiment: Storage) -> list[str]:
     directory = posixpath.join(experiment.path, RESULTS_DIR)
-    try:
+    with storage_errors("list", f"{experiment.uri}/{RESULTS_DIR}"):
         infos = experiment.filesystem.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
-    except (OSError, pa.ArrowException) as exc:
-        raise StorageError(f"cannot list {experiment.uri}/{RESULTS_DIR}: {exc}") from None
     return sorted(
         i.path for i in infos
         if i.type == pafs.FileType.File and i.base_name.endswith(".parquet") and not i.base_name.startswith(".")

@@ -10,21 +10,16 @@ Ray is needed. The layout Ray Tune writes::
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-import pyarrow
 import pyarrow.fs as pafs
 
-from tunekit.errors import ExperimentError, StorageError, first_line
-from tunekit.storage import Storage
+from tunekit._trial_dir import CHECKPOINT_DIR, DAMAGED_COPY
+from tunekit.errors import ExperimentError
+from tunekit.storage import Storage, storage_errors
 
 __all__ = ["CHECKPOINT_DIR", "DAMAGED_COPY", "CheckpointDir", "TrialDir", "find_trials"]
 
-#: Ray Tune's name for a trial's checkpoint directories; group 1 is the index.
-CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
-#: A copy of a damaged checkpoint that ``tunekit resume`` kept out of Ray's retention.
-DAMAGED_COPY = re.compile(r"^\.checkpoint_(\d+)\.damaged$")
 _TRIAL_FILES = ("params.json", "result.json", "progress.csv", "error.txt")
 
 
@@ -49,11 +44,8 @@ class TrialDir:
 
 
 def _list(where: Storage, path: str) -> list[pafs.FileInfo]:
-    try:
+    with storage_errors("list", where):
         return where.filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-    except (OSError, pyarrow.ArrowException) as exc:
-        first = first_line(exc)
-        raise StorageError(f"cannot list {where.uri}: {first}") from None
 
 
 def find_trials(experiment: Storage) -> list[TrialDir]:
@@ -65,11 +57,8 @@ def find_trials(experiment: Storage) -> list[TrialDir]:
             directories).
         StorageError: the storage cannot be read.
     """
-    try:
+    with storage_errors("read", experiment):
         info = experiment.filesystem.get_file_info(experiment.path)
-    except (OSError, pyarrow.ArrowException) as exc:
-        first = first_line(exc)
-        raise StorageError(f"cannot read {experiment.uri}: {first}") from None
     if info.type == pafs.FileType.NotFound:
         raise ExperimentError(f"{experiment.uri}: no such experiment directory")
     if info.type != pafs.FileType.Directory:

@@ -31,7 +31,7 @@ Semantics, compared with the class API (:class:`~tunekit.TorchTrainable`):
   same.
 * On local storage a save returns after an in-memory snapshot of the state
   and the checkpoint is written on a helper thread (two-phase saves, see
-  :mod:`tunekit.trial_checkpoint`) - same.
+  :mod:`tunekit._saving`) - same.
 * Without the wrapper (a plain function given to Tune) only checkpoints the
   training code asks for are taken; Ray refuses frequency and at-end then.
 """
@@ -54,16 +54,19 @@ from tunekit import _ray
 from tunekit.errors import CheckpointError, ConfigError, ConfigTypeError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.state import TrainingState
-from tunekit.trial_checkpoint import (
-    BackgroundSaves,
-    background_saves_enabled,
+from tunekit._trial_dir import unpinned
+from tunekit._restoring import (
     checkpoint_metrics,
     clone_in_worker,
-    confirm_remote_upload,
     prepare_restore,
     raise_failed_clone,
     remove_temps,
     restore_trial_state,
+)
+from tunekit._saving import (
+    BackgroundSaves,
+    background_saves_enabled,
+    confirm_remote_upload,
     save_again,
     save_in_place,
     save_snapshot,
@@ -140,7 +143,9 @@ class FunctionSession:
                     verify=verified is None or verified != checkpoint.path,
                 )
                 self._metrics = checkpoint_metrics(directory)
-            self.restored_from = checkpoint.path
+            self.restored_from = unpinned(checkpoint.path)  # a PBT donor's: its checkpoint, not the pin read
+            if adapter is not None:  # loaded: its temporary copies (a pinned donor's too) can go
+                remove_temps(adapter._tunekit_temps or [])
         else:
             # A warm start in the trial's config (tunekit.warm_start), when not restoring.
             trial_config = getattr(adapter, "config", None) or {}

@@ -15,24 +15,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pyarrow
 import pyarrow.fs as pafs
 
-from tunekit.errors import StorageError, first_line
+
+from tunekit.storage import storage_errors
 
 __all__ = ["dedupe_lineage", "format_ranges", "lost_iterations", "missing_iterations", "parse_result_lines", "read_text"]
 
 
 def read_text(fs: pafs.FileSystem, path: str) -> str | None:
     """A file's text, or None if there is no such file; storage errors are raised."""
-    try:
+    with storage_errors("read", path):
         if fs.get_file_info(path).type != pafs.FileType.File:
             return None
         with fs.open_input_stream(path) as stream:
             return stream.read().decode("utf-8", errors="replace")
-    except (OSError, pyarrow.ArrowException) as exc:
-        first = first_line(exc)
-        raise StorageError(f"cannot read {path}: {first}") from None
 
 
 def parse_result_lines(text: str) -> tuple[list[dict[str, Any]], int]:

@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, TextIO
 
+from tunekit._trial_dir import damaged_name
 from tunekit.checkpoint import read_metadata
 from tunekit.errors import CheckpointError, ConfigError, ExperimentError
 from tunekit._connect import ray_for
@@ -318,7 +319,7 @@ def newest_good(snapshot: ExperimentSnapshot, trial: TrialSnapshot) -> tuple[Che
 def _preserve(experiment: Storage, trial: TrialSnapshot, ckpt: CheckpointSummary) -> str:
     """Keep a damaged checkpoint out of Ray's retention: a copy as ``.checkpoint_N.damaged`` beside it."""
     trial_dir = experiment.join(trial.name)
-    target = posixpath.join(trial_dir.path, f".{ckpt.name}.damaged")
+    target = posixpath.join(trial_dir.path, damaged_name(ckpt.name))
     fs = experiment.filesystem
     if fs.get_file_info(target).type.name == "NotFound":
         source = posixpath.join(trial_dir.path, ckpt.name)
@@ -330,7 +331,7 @@ def _preserve(experiment: Storage, trial: TrialSnapshot, ckpt: CheckpointSummary
             import pyarrow.fs as pafs
 
             pafs.copy_files(source, target, source_filesystem=fs, destination_filesystem=fs)
-    return f"{trial_dir.uri.rstrip('/')}/.{ckpt.name}.damaged"
+    return f"{trial_dir.uri.rstrip('/')}/{damaged_name(ckpt.name)}"
 
 
 def _link_or_copy(src: str, dst: str) -> None:

@@ -29,19 +29,20 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import parse_qsl, urlsplit
 
 import pyarrow
 import pyarrow.fs as pafs
 
-from tunekit.errors import ConfigError, StorageError, first_line
+from tunekit.errors import ConfigError, StorageError, TunekitError, first_line
 
 __all__ = [
     "DEFAULT_STORAGE_PATH",
@@ -50,6 +51,7 @@ __all__ = [
     "probe_storage",
     "redact",
     "resolve_storage",
+    "storage_errors",
 ]
 
 DEFAULT_STORAGE_PATH = "~/tunekit_results"
@@ -109,6 +111,28 @@ class Storage:
 
     def __str__(self) -> str:
         return self.uri
+
+
+@contextlib.contextmanager
+def storage_errors(action: str, where: Storage | str) -> Iterator[None]:
+    """Turn an error of the storage itself into one :class:`~tunekit.StorageError` line.
+
+    ``cannot {action} {where}: {first line of the error}``, secrets redacted;
+    tunekit's own errors pass through unchanged. Every reader of storage goes
+    through this, so a storage failure always reads the same way.
+
+    >>> with storage_errors("read", "s3://b/x"):
+    ...     raise OSError("Access Denied\\nrequest id: 1")
+    Traceback (most recent call last):
+    tunekit.errors.StorageError: cannot read s3://b/x: Access Denied
+    """
+    try:
+        yield
+    except (OSError, pyarrow.ArrowException) as exc:
+        if isinstance(exc, TunekitError):
+            raise
+        shown = where.uri if isinstance(where, Storage) else str(where)
+        raise StorageError(f"cannot {action} {redact(shown)}: {redact(first_line(exc))}") from None
 
 
 def _wrap_filesystem(filesystem: Any) -> pafs.FileSystem:

@@ -18,17 +18,19 @@ from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.reuse import ReusableSlot, reusable_key
 from tunekit.rng import seed_everything
 from tunekit.state import TrainingState
-from tunekit.trial_checkpoint import (
-    BackgroundSaves,
-    background_saves_enabled,
+from tunekit._restoring import (
     checkpoint_metrics,
     clone_in_worker,
-    confirm_remote_upload,
     local_request,
     prepare_restore,
     raise_failed_clone,
     remove_temps,
     restore_trial_state,
+)
+from tunekit._saving import (
+    BackgroundSaves,
+    background_saves_enabled,
+    confirm_remote_upload,
     save_again,
     save_in_place,
     save_snapshot,
@@ -78,14 +80,14 @@ class TorchTrainable(tune.Trainable):
     buffers (pinned ones from a GPU), and a helper thread writes the
     checkpoint while training goes on; at most one write is in flight, and
     restore, ``reset_config`` and ``cleanup`` wait for it. The extra memory
-    is one copy of the state's tensors. See :mod:`tunekit.trial_checkpoint`
+    is one copy of the state's tensors. See :mod:`tunekit._saving`
     for what holds if the worker dies during such a write. Set
     ``background_saves = False`` in a subclass, or ``TUNEKIT_BACKGROUND_SAVES=0``
     in the workers' environment, to write before ``save`` returns.
 
     When Ray asks again for the same iteration (say a PBT save and a
     ``checkpoint_frequency`` hit), the second checkpoint is a directory of
-    hard links to the first one's files (:func:`~tunekit.trial_checkpoint.save_again`).
+    hard links to the first one's files (:func:`~tunekit._saving.save_again`).
     """
 
     #: Two-phase saves (see above); ``TUNEKIT_BACKGROUND_SAVES=0`` turns them off everywhere.

@@ -14,10 +14,10 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
+from tunekit._trial_dir import leftovers
 from tunekit.checkpoint import (
     CheckpointReport,
     is_tunekit_checkpoint,
-    leftovers,
     read_metadata,
     verify_checkpoint,
 )
@@ -150,6 +150,11 @@ def _leftover_checks(trial: Any) -> list[CheckpointCheck]:
             report = verify_checkpoint(location)
             out.append(CheckpointCheck(trial.name, name, _iteration(location), report.status,
                                        (*report.problems, "kept while a newer checkpoint was written")))
+        elif kind == "pinned":
+            report = verify_checkpoint(location)
+            out.append(CheckpointCheck(trial.name, name, _iteration(location), report.status,
+                                       (*report.problems, "a PBT donor's checkpoint pinned for a clone that has "
+                                        "not read it yet (a paused trial's resume reads it)")))
         elif kind == "damaged":
             report = verify_checkpoint(location)
             out.append(CheckpointCheck(trial.name, name, _iteration(location), report.status,

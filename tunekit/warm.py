@@ -29,11 +29,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from tunekit._manifest import locate
 from tunekit.checkpoint import (
     MANIFEST_FILE,
     METADATA_FILE,
     CheckpointLocation,
-    _locate,
     read_state,
 )
 from tunekit.errors import CheckpointError, ConfigError, StorageError
@@ -53,7 +53,7 @@ def _uri(checkpoint: CheckpointLocation) -> str:
     """A string that names ``checkpoint`` for any process: a local path or a URI."""
     if isinstance(checkpoint, str):
         return checkpoint
-    where = _locate(checkpoint)  # a ray.tune.Checkpoint, a Storage or an os.PathLike
+    where = locate(checkpoint)  # a ray.tune.Checkpoint, a Storage or an os.PathLike
     if where.is_local:
         return where.path
     kind = getattr(where.filesystem, "type_name", "")
@@ -91,7 +91,7 @@ def warm_start(checkpoint: CheckpointLocation, *, mode: str) -> dict[str, Any]:
 def _check_checkpoint(uri: str) -> None:
     """A one-line error unless ``uri`` is a directory holding a tunekit checkpoint (no verification)."""
     try:
-        where = _locate(uri)
+        where = locate(uri)
         info = where.filesystem.get_file_info([where.path, f"{where.path}/{MANIFEST_FILE}",
                                                f"{where.path}/{METADATA_FILE}"])
     except (OSError, StorageError, ValueError) as exc:

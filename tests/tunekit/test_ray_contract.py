@@ -21,6 +21,7 @@ import pytest
 import ray
 from packaging.requirements import Requirement
 from ray import tune
+from ray.tune.schedulers import PopulationBasedTraining
 
 import tunekit
 import tunekit.callbacks
@@ -157,6 +158,10 @@ def test_trial_worker_and_reset_keys_are_as_relied_on():
         assert hasattr(Trial, attr), f"Ray changed: Trial.{attr}"
     assert "self.log_to_file" in inspect.getsource(Trial.__init__), "Ray changed: Trial.log_to_file"
     assert list(inspect.signature(_TrialInfo).parameters) == ["trial"], "Ray changed: _TrialInfo(trial)"
+    # pin_donor_checkpoint replaces the checkpoint Ray's exploit handed the trial
+    source = inspect.getsource(PopulationBasedTraining._exploit)
+    assert "run_metadata.checkpoint_manager._latest_checkpoint_result" in source, \
+        "Ray changed: PBT._exploit sets trial.run_metadata.checkpoint_manager._latest_checkpoint_result"
     reset = list(inspect.signature(tune.Trainable.reset).parameters)  # 2.51: (new_config, logger_creator, storage)
     assert reset[:2] == ["self", "new_config"] and "storage" in reset, "Ray changed: Trainable.reset(new_config, storage=)"
 
@@ -301,7 +306,7 @@ def test_tune_banner_switch_still_exists():
 
 
 def test_tune_checkpoint_is_recognised_without_importing_it_eagerly(tmp_path):
-    from tunekit.checkpoint import _locate
+    from tunekit._manifest import locate
 
-    where = _locate(tune.Checkpoint.from_directory(str(tmp_path)))
+    where = locate(tune.Checkpoint.from_directory(str(tmp_path)))
     assert where.path == str(tmp_path)

@@ -25,16 +25,18 @@ import pytest
 import torch
 
 from tunekit import CheckpointError, read_state, verify_checkpoint, write_checkpoint
-from tunekit.checkpoint import leftovers
+from tunekit._trial_dir import leftovers
 from tunekit.state import StateBuffers, TrainingState
-from tunekit.trial_checkpoint import await_write, local_request, prepare_restore
+from tunekit._restoring import local_request, prepare_restore
+from tunekit._trial_dir import await_write
 
 WRITER = textwrap.dedent(
     """
     import os, sys, time
     import torch
     import tunekit.checkpoint as checkpoint
-    from tunekit.trial_checkpoint import commit_checkpoint, keep_newest_complete, stage_checkpoint
+    from tunekit._saving import commit_checkpoint
+    from tunekit._trial_dir import keep_newest_complete, stage_checkpoint
 
     final, hold_at, go = sys.argv[1], sys.argv[2], sys.argv[3]
 

@@ -1,0 +1,313 @@
+"""Restoring one trial's checkpoint: verify while loading, fall back to the newest good one.
+
+Implementation tier, shared by :class:`tunekit.TorchTrainable` and the function
+adapter (:func:`tunekit.function_trainable`).
+
+Call order a trainable follows on ``restore(checkpoint)``:
+
+1. wait for its own write in flight (:meth:`tunekit._saving.BackgroundSaves.wait`);
+2. :func:`local_request`: a local checkpoint is loaded and verified in one
+   pass (:func:`restore_trial_state`, which applies hyperparameters a PBT
+   exploit mutated); a local checkpoint still being written by a live
+   process (a PBT donor's) is waited for first
+   (:func:`tunekit._trial_dir.await_write`, ``TUNEKIT_CHECKPOINT_WAIT_S``);
+3. otherwise, or when that finds damage, :func:`prepare_restore`: the
+   checkpoint is fetched once (a local copy if it lives on remote storage)
+   and verified. A damaged one is skipped for the same trial's newest good
+   checkpoint before it (kept copies included), a deleted one for its newest
+   good one, with a warning naming what was skipped; if there is none,
+   restoring fails with a :class:`~tunekit.CheckpointError` saying so. The
+   first-write-interrupted rule: a trial whose first two-phase write died
+   starts afresh. A checkpoint the training code wrote itself (no tunekit
+   files) is handed back unverified, as Ray would, with a one-time note;
+4. :func:`remove_temps` once the state is loaded.
+
+A PBT exploit in a running worker goes through :func:`clone_in_worker`
+(reset, then restore); its failure is raised by the trial's next step
+(:func:`raise_failed_clone`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import shutil
+import tempfile
+from typing import Any, Callable, Mapping
+
+import pyarrow.fs as pafs
+from ray import tune
+
+from tunekit._ray import TrainingResult
+from tunekit._trial_dir import (
+    CHECKPOINT_DIR,
+    KEPT_COPY,
+    await_write,
+    checkpoint_name_of,
+    is_pinned,
+    staging_dirs,
+    writer_alive,
+)
+from tunekit.checkpoint import (
+    MANIFEST_FILE,
+    CheckpointReport,
+    is_foreign_checkpoint,
+    read_metadata,
+    read_state,
+    verify_checkpoint,
+)
+from tunekit.errors import CheckpointError, first_line
+from tunekit.hparams import changed_hyperparameters
+from tunekit.state import TrainingState
+
+__all__ = [
+    "checkpoint_metrics",
+    "clone_in_worker",
+    "local_request",
+    "prepare_restore",
+    "raise_failed_clone",
+    "remove_temps",
+    "restore_trial_state",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def restore_trial_state(
+    directory: str | os.PathLike[str],
+    state: TrainingState,
+    *,
+    config: Mapping[str, Any],
+    mutable: tuple[str, ...],
+    apply: Callable[[dict[str, Any]], None],
+    verify: bool = True,
+) -> dict[str, Any]:
+    """Load a checkpoint into ``state``, then apply hyperparameters that changed.
+
+    A PBT exploit restores the donor's optimizer (with the donor's ``lr``) into
+    a trial whose config was just mutated; the mutated values win.
+
+    Returns:
+        The hyperparameters that differed from the checkpoint and were applied.
+    """
+    sd = read_state(directory, verify=verify)
+    state.load_state_dict(sd)
+    changed = changed_hyperparameters(sd.get("hparams") or {}, config, mutable)
+    if changed:
+        apply(changed)
+    return changed
+
+
+def checkpoint_metrics(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The metrics a checkpoint records (its iteration's), or None.
+
+    A trainable restored from a checkpoint takes them as its own until it
+    reports again, so a checkpoint saved before then (PBT saving a trial just
+    cloned) records the metrics of the state it holds, not none.
+    """
+    try:
+        metrics = read_metadata(os.fspath(directory)).get("metrics")
+    except CheckpointError:
+        return None
+    return dict(metrics) if isinstance(metrics, dict) and metrics else None
+
+
+def _as_training_result(checkpoint: Any) -> TrainingResult:
+    if isinstance(checkpoint, (str, os.PathLike)):
+        checkpoint = tune.Checkpoint.from_directory(os.fspath(checkpoint))
+    if isinstance(checkpoint, tune.Checkpoint):
+        return TrainingResult(checkpoint=checkpoint, metrics={})
+    if isinstance(checkpoint, TrainingResult):
+        return checkpoint
+    raise CheckpointError(
+        f"cannot restore from {type(checkpoint).__name__}: expected a checkpoint "
+        "directory, a ray.tune.Checkpoint or the result of save()"
+    )
+
+
+def _fetch(checkpoint: tune.Checkpoint, temps: list[str]) -> tuple[tune.Checkpoint, CheckpointReport]:
+    """A local, verified view of ``checkpoint`` (downloaded once if remote)."""
+    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        await_write(checkpoint.path)
+        return checkpoint, verify_checkpoint(checkpoint)
+    if checkpoint.filesystem.get_file_info(checkpoint.path).type == pafs.FileType.NotFound:
+        return checkpoint, CheckpointReport(checkpoint.path, "incomplete", ["directory is missing"])
+    local = tempfile.mkdtemp(prefix="tunekit-restore-")
+    temps.append(local)
+    try:
+        checkpoint.to_directory(local)
+    except (OSError, FileNotFoundError) as exc:  # storage errors are raised, with context
+        raise CheckpointError(f"cannot download checkpoint {checkpoint.path}: {exc}") from None
+    report = verify_checkpoint(local)
+    report.path = checkpoint.path
+    return tune.Checkpoint.from_directory(local), report
+
+
+def _other_checkpoints(checkpoint: tune.Checkpoint, *, newer_too: bool) -> list[tune.Checkpoint]:
+    """The same trial's other checkpoints (before ``checkpoint`` unless ``newer_too``), newest first."""
+    name = checkpoint_name_of(posixpath.basename(checkpoint.path.rstrip("/")))
+    match = CHECKPOINT_DIR.match(name or "")
+    if not match:
+        return []
+    fs, trial_dir = checkpoint.filesystem, posixpath.dirname(checkpoint.path.rstrip("/"))
+    found = []
+    for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
+        # Kept copies (two-phase saves) count, after a real directory of the same index.
+        other = CHECKPOINT_DIR.match(info.base_name) or KEPT_COPY.match(info.base_name)
+        if info.type == pafs.FileType.Directory and other and other[1] != match[1] and (
+            newer_too or int(other[1]) < int(match[1])
+        ):
+            found.append((int(other[1]), not info.base_name.startswith("."), info.path))
+    return [tune.Checkpoint(path, filesystem=fs) for _, _, path in sorted(found, reverse=True)]
+
+
+def local_request(checkpoint: Any) -> TrainingResult | None:
+    """What Tune asked to restore, if it is a local directory that exists (else None).
+
+    Such a checkpoint can be loaded directly: :func:`tunekit.checkpoint.read_state`
+    verifies it while loading. Only when that fails is :func:`prepare_restore`
+    (verify first, fall back) needed.
+    """
+    requested = _as_training_result(checkpoint)
+    ckpt = requested.checkpoint
+    if isinstance(ckpt.filesystem, pafs.LocalFileSystem) and not is_pinned(ckpt.path):
+        await_write(ckpt.path)  # another worker may still be writing it (a PBT donor)
+        if os.path.isdir(ckpt.path):
+            return requested
+    return None
+
+
+def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[TrainingResult | None, list[str]]:
+    """Resolve what Tune asked to restore into a good, local checkpoint.
+
+    ``trial_dir``: the restoring trial's own local directory. A checkpoint in
+    it that was announced but never completed, because its writer died during
+    the trial's first two-phase save (nothing complete before it), means
+    "start afresh": the result is then None.
+
+    A pinned donor checkpoint (a PBT clone's, :func:`tunekit._trial_dir.pin_checkpoint`)
+    is read once: its local copy is one of the temporary directories, and a
+    remote one is deleted once downloaded.
+
+    Returns:
+        The result to restore (its checkpoint local and verified), or None to
+        start afresh, and the temporary directories the caller removes once
+        restored.
+
+    Raises:
+        CheckpointError: the checkpoint is damaged and the trial has no good
+            checkpoint before it.
+    """
+    requested = _as_training_result(checkpoint)
+    temps: list[str] = []
+    try:
+        local, report = _fetch(requested.checkpoint, temps)
+        _release_pin(requested.checkpoint, temps)
+        if report.ok:
+            return TrainingResult(checkpoint=local, metrics=requested.metrics), temps
+        if report.problems == [f"no {MANIFEST_FILE}"] and is_foreign_checkpoint(local):
+            # The training code reported it itself (tune.report(checkpoint=...)): hand it back as
+            # Ray would, unverified; only checkpoints tunekit wrote are verified and fall back.
+            _note_foreign(requested.checkpoint.path)
+            return TrainingResult(checkpoint=local, metrics=requested.metrics), temps
+        if report.status == "unsupported":  # not damaged: falling back would lose its progress
+            raise CheckpointError(f"cannot restore: checkpoint {report.describe()}")
+        skipped = [report]
+        # A checkpoint deleted meanwhile (Ray keeps only ``num_to_keep``; a PBT
+        # donor may have moved on) is replaced by the trial's newest good one;
+        # a damaged one by the newest good one before it.
+        missing = report.problems == ["directory is missing"]
+        for candidate in _other_checkpoints(requested.checkpoint, newer_too=missing):
+            local, candidate_report = _fetch(candidate, temps)
+            if not candidate_report.ok:
+                skipped.append(candidate_report)
+                continue
+            iteration = int(read_metadata(local).get("iteration", 0))
+            logger.warning(
+                "tunekit: skipped damaged checkpoint(s) %s; restoring from %s (iteration %d) instead",
+                " | ".join(r.describe() for r in skipped),
+                candidate.path,
+                iteration,
+            )
+            metrics = {**requested.metrics, "training_iteration": iteration}
+            return TrainingResult(checkpoint=local, metrics=metrics), temps
+        if missing and _first_write_interrupted(requested.checkpoint, trial_dir):
+            logger.warning(
+                "tunekit: checkpoint %s was never completed (its writer died during the trial's first "
+                "checkpoint write) and the trial has no other; it starts afresh", requested.checkpoint.path,
+            )
+            return None, temps
+        raise CheckpointError(
+            f"cannot restore: checkpoint {report.describe()}; the trial has no good "
+            f"checkpoint {'left' if missing else 'before it'} to fall back to"
+        )
+    except BaseException:
+        remove_temps(temps)
+        raise
+
+
+_FOREIGN_NOTED: set[str] = set()
+
+
+def _note_foreign(path: str) -> None:
+    """Say once per process that checkpoints the training code writes itself are not verified."""
+    if not _FOREIGN_NOTED:
+        logger.warning("tunekit: restoring %s, a checkpoint the training code wrote itself: it carries no "
+                       "integrity manifest, so it is handed back as Ray would, unverified", path)
+    _FOREIGN_NOTED.add(path)
+
+
+def _first_write_interrupted(checkpoint: tune.Checkpoint, trial_dir: str | None) -> bool:
+    """Whether ``checkpoint``, in ``trial_dir``, has a staging directory whose writer is dead."""
+    if trial_dir is None or not isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        return False
+    parent, name = os.path.split(os.path.normpath(checkpoint.path))
+    if os.path.normpath(parent) != os.path.normpath(trial_dir):
+        return False  # another trial's (a PBT donor's): not this trial's start
+    try:
+        return any(ckpt == name and not writer_alive(h, p) for ckpt, h, p in staging_dirs(parent))
+    except FileNotFoundError:
+        return False
+
+
+def _release_pin(checkpoint: tune.Checkpoint, temps: list[str]) -> None:
+    """A pin is read by one clone: a local one goes with the temporary directories, a remote one now (downloaded)."""
+    if not is_pinned(checkpoint.path):
+        return
+    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        temps.append(checkpoint.path)
+        return
+    try:
+        checkpoint.filesystem.delete_dir(checkpoint.path)
+    except (OSError, FileNotFoundError):
+        pass
+
+
+def remove_temps(temps: list[str]) -> None:
+    """Remove temporary directories made by :func:`prepare_restore`."""
+    while temps:
+        shutil.rmtree(temps.pop(), ignore_errors=True)
+
+
+def clone_in_worker(trainable: tune.Trainable, config: dict[str, Any], checkpoint: Any, storage: Any) -> None:
+    """A PBT exploit in the trial's own worker (``tunekit_clone``): ``reset`` to ``config``, restore ``checkpoint``.
+
+    Sent by :func:`tunekit._ray.clone_in_place` ahead of Tune's next task for
+    the trial; a failure is kept and raised by that task
+    (:func:`raise_failed_clone`), so Tune sees it as the trial's failure.
+    """
+    try:
+        if not trainable.reset(config, storage=storage):
+            raise CheckpointError(f"{type(trainable).__name__}.reset_config() returned False")
+        trainable.restore(checkpoint)
+    except Exception as exc:
+        trainable._tunekit_clone_error = exc
+        raise
+
+
+def raise_failed_clone(trainable: tune.Trainable) -> None:
+    """Raise the error of a failed :func:`clone_in_worker`, once."""
+    error = trainable.__dict__.pop("_tunekit_clone_error", None)
+    if error is not None:
+        raise CheckpointError(f"cloning a PBT donor in this worker failed: {first_line(error)}") from error

@@ -1,0 +1,341 @@
+"""Saving one trial's checkpoint: the two-phase pipeline, in-place writes, second saves as links.
+
+Implementation tier, shared by :class:`tunekit.TorchTrainable` and the function
+adapter (:func:`tunekit.function_trainable`).
+
+Saving to local storage goes through :func:`save_in_place`: the checkpoint is
+written once, in a staging directory beside its final one
+(:func:`tunekit._trial_dir.stage_checkpoint`), and renamed into place (Ray
+would write it to a temporary directory and copy it). Elsewhere the caller
+saves as Ray does and :func:`confirm_remote_upload` checks what arrived.
+
+Two-phase saves (the default on local storage, see :class:`BackgroundSaves`):
+``save()`` returns once the state is copied into reused CPU buffers, and a
+helper thread writes the copy, renames it into place and lets it reach the
+disk. At most one such write is in flight per trial. Invariants (each proved
+by a test that SIGKILLs the worker inside the write):
+
+* Once a trial has one complete checkpoint, it always has one: before the
+  new checkpoint is announced to Tune (whose ``num_to_keep`` may then delete
+  the older one), the trial's newest complete checkpoint is kept as hard
+  links in ``.checkpoint_NNNNNN.kept`` beside it, removed once the new one
+  is complete. A trial's first checkpoint has nothing before it to keep: if
+  its writer dies, the retry finds the checkpoint Tune registered never
+  completed (a dead writer's staging directory says so) and no other, and
+  the trial starts afresh, as it would have without a checkpoint.
+* Nothing half-written is ever read: a checkpoint directory appears only by
+  a rename, after its manifest.
+
+Call order a trainable follows: :meth:`BackgroundSaves.wait` before anything
+that needs its checkpoints on storage (restore, reset, stop); per save, one of
+:func:`save_again` (the iteration was saved already), :func:`save_snapshot`
+(two-phase), :func:`save_in_place` (written now) or Ray's own ``save`` then
+:func:`confirm_remote_upload`; :meth:`BackgroundSaves.close` at cleanup.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import pyarrow.fs as pafs
+from ray import tune
+
+from tunekit import _env, _ray
+from tunekit._ray import TrainingResult
+from tunekit._trial_dir import CHECKPOINT_DIR, keep_newest_complete, link_tree, stage_checkpoint, tidy
+from tunekit.checkpoint import confirm_upload, fsync_paths, write_checkpoint
+from tunekit.device import trial_device
+from tunekit.errors import CheckpointError, first_line
+from tunekit.state import StateBuffers, TrainingState
+
+__all__ = [
+    "BackgroundSaves",
+    "background_saves_enabled",
+    "commit_checkpoint",
+    "confirm_remote_upload",
+    "lower_priority",
+    "save_again",
+    "save_in_place",
+    "save_snapshot",
+    "save_trial_state",
+    "sync_in_background",
+    "trainable_spec",
+    "trial_payload",
+    "wait_for_durability",
+]
+
+logger = logging.getLogger(__name__)
+
+
+#: Write and fsync helper threads' CPU priority (nice) below the training thread's: on a busy machine a
+#: background write takes spare cycles and training keeps its own.
+_WRITER_NICE = 10
+
+
+def lower_priority() -> None:
+    """Run this helper thread at a lower CPU priority than training (Linux: per thread)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _WRITER_NICE)
+    except (AttributeError, OSError):  # no per-thread priorities here; the write still runs
+        pass
+
+
+_SYNCER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-fsync", initializer=lower_priority)
+_pending_syncs: list[Future] = []
+_pending_lock = threading.Lock()
+
+
+def wait_for_durability() -> None:
+    """Block until every checkpoint written with ``durable="background"`` is on disk.
+
+    Raises the first fsync error met (a checkpoint not made durable).
+    """
+    with _pending_lock:
+        pending, _pending_syncs[:] = list(_pending_syncs), []
+    for future in pending:
+        future.result()
+
+
+def sync_in_background(directory: str | os.PathLike[str]) -> None:
+    """fsync a checkpoint directory (its files, itself, its parent) on a helper thread.
+
+    For checkpoints written with ``durable=False``; :func:`wait_for_durability`
+    waits until it is done.
+    """
+    path = Path(directory)
+    paths = sorted(p for p in path.rglob("*") if p.is_file()) + [path, path.parent]
+    with _pending_lock:
+        _pending_syncs[:] = [f for f in _pending_syncs if not f.done() or f.exception()]
+        _pending_syncs.append(_SYNCER.submit(fsync_paths, paths))
+
+
+def trainable_spec(cls: type) -> str:
+    """``module:qualname`` of the user's trainable class, for ``tunekit resume`` to import.
+
+    ``tune.with_resources`` and ``tune.with_parameters`` hand Tune a subclass
+    that Ray makes in ``ray.tune.trainable.util``; the class to record is the
+    first one in the MRO that is not Ray's.
+    """
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith("ray."):
+            return f"{klass.__module__}:{klass.__qualname__}"
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def trial_payload(
+    state: TrainingState,
+    *,
+    config: Mapping[str, Any],
+    mutable: tuple[str, ...],
+    trainable: str,
+    metrics: Mapping[str, Any] | None = None,
+    into: StateBuffers | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a checkpoint of ``state`` holds: ``(state dict, metadata)``.
+
+    ``into``: snapshot the tensors into these reused buffers (two-phase save).
+    """
+    sd = state.state_dict(into=into)
+    hparams = {k: config[k] for k in mutable if k in config}
+    sd["hparams"] = hparams
+    metadata = {
+        "iteration": state.counters.iteration,
+        "epoch": state.counters.epoch,
+        "trainable": trainable,
+        "config": dict(config),
+        "hparams": hparams,
+        "device": str(trial_device()),
+        "models": sorted(state.models),
+        "metrics": dict(metrics or {}),
+    }
+    return sd, metadata
+
+
+def save_trial_state(
+    directory: str | os.PathLike[str],
+    state: TrainingState,
+    *,
+    config: Mapping[str, Any],
+    mutable: tuple[str, ...],
+    trainable: str,
+    metrics: Mapping[str, Any] | None = None,
+    durable: bool = True,
+) -> None:
+    """Write ``state`` plus the trial's current mutable hyperparameters.
+
+    ``metrics``: the reported metrics of the iteration saved, kept in the
+    metadata so the checkpoint says how good it is without ``result.json``.
+    ``durable=False``: see :func:`tunekit.checkpoint.write_checkpoint`.
+    """
+    sd, metadata = trial_payload(state, config=config, mutable=mutable, trainable=trainable, metrics=metrics)
+    write_checkpoint(directory, sd, metadata=metadata, durable=durable)
+
+
+_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-save", initializer=lower_priority)
+
+
+def background_saves_enabled(trainable: tune.Trainable, default: bool = True) -> bool:
+    """Whether ``trainable`` saves through :class:`BackgroundSaves`.
+
+    Only on local storage (elsewhere a save is written and uploaded before it
+    returns), and not with ``TUNEKIT_BACKGROUND_SAVES=0``.
+    """
+    if not _env.get_flag("TUNEKIT_BACKGROUND_SAVES"):
+        return False
+    return default and _ray.has_local_storage(trainable)
+
+
+class BackgroundSaves:
+    """One trial's checkpoint writes, off the training path: at most one in flight.
+
+    A save waits for the previous write (so :attr:`buffers` may be reused),
+    snapshots the state into :attr:`buffers` (``TrainingState.state_dict(into=...)``)
+    and hands the write of that snapshot to :func:`save_in_place`, which runs
+    it on a helper thread. The trainable calls :meth:`wait` before anything
+    that needs its checkpoints on storage (restore, reset, stop); a failed
+    write is raised there (or by the next save) as a :class:`~tunekit.CheckpointError`.
+    """
+
+    def __init__(self) -> None:
+        self.buffers = StateBuffers()
+        self._future: Future | None = None
+        self._target = ""
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is complete; raise its error."""
+        future, self._future = self._future, None
+        if future is None:
+            return
+        error = future.exception()
+        if error is not None:
+            raise CheckpointError(f"writing checkpoint {self._target} failed: {first_line(error)}") from error
+
+    def submit(self, target: str, job: Callable[[], None]) -> None:
+        self.wait()
+        self._target = target
+        self._future = _WRITER.submit(job)
+
+    def close(self) -> None:
+        """Wait for the write in flight, log (not raise) its error, free the buffers."""
+        try:
+            self.wait()
+        except CheckpointError as exc:
+            logger.error("tunekit: %s", exc)
+        self.buffers.clear()
+
+
+def save_in_place(
+    trainable: tune.Trainable, write: Callable[[str], None], *, background: BackgroundSaves | None = None
+) -> TrainingResult | None:
+    """Save a class trainable's checkpoint straight into local storage.
+
+    Does what ``Trainable.save`` does for a trial on local storage (next
+    checkpoint index, the storage check, artifact sync), except that
+    ``write(directory)`` writes into a hidden directory beside the final one,
+    which is then renamed into place: the bytes are written once, not written
+    to a temporary directory and copied. The files reach the disk on a
+    helper thread (:func:`sync_in_background`) while
+    training goes on.
+
+    ``background``: run ``write`` (which must write a snapshot, not live
+    state) and the rename on the trial's helper thread, and return at once;
+    the trial's newest complete checkpoint is kept until the new one is whole
+    (see the module docstring).
+
+    Returns:
+        The result ``save()`` returns, or None when the trainable has no local
+        storage (the caller then uses ``Trainable.save``).
+    """
+    target = _ray.next_local_checkpoint(trainable)
+    if target is None:
+        return None
+    final, metrics = target
+    staging = stage_checkpoint(final)
+    if background is None:
+        commit_checkpoint(staging, final, write)
+    else:
+        background.wait()  # one write in flight; its tidying done before anything is kept
+        keep_newest_complete(final)  # nothing to keep before the trial's first: see the module docstring
+        background.submit(final, lambda: commit_checkpoint(staging, final, write))
+    return _ray.publish_local_checkpoint(trainable, final, metrics)
+
+
+def save_snapshot(
+    trainable: tune.Trainable,
+    saves: BackgroundSaves,
+    payload: Callable[[StateBuffers], tuple[dict[str, Any], dict[str, Any]]],
+) -> TrainingResult | None:
+    """A two-phase save: ``payload(buffers)`` snapshots the state now; the helper thread writes it.
+
+    ``payload`` returns ``(state dict, metadata)`` as :func:`trial_payload` does, its
+    tensors copied into ``buffers`` (reused from save to save, so the write
+    before must be complete first). Returns what :func:`save_in_place` returns.
+    """
+    saves.wait()
+    sd, metadata = payload(saves.buffers)
+
+    def write(directory: str) -> None:
+        saves.buffers.wait_copied()
+        write_checkpoint(directory, sd, metadata=metadata, durable=False)
+
+    return save_in_place(trainable, write, background=saves)
+
+
+def commit_checkpoint(staging: str, final: str, write: Callable[[str], None]) -> None:
+    """Write into ``staging``, rename it to ``final``, fsync in the background, tidy the trial directory."""
+    try:
+        write(staging)
+        if os.path.lexists(final):  # Ray would overwrite it too (a re-saved index)
+            shutil.rmtree(final)
+        os.rename(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    sync_in_background(final)
+    parent, name = os.path.split(final)
+    if match := CHECKPOINT_DIR.match(name):
+        tidy(parent, int(match[1]))
+
+
+def save_again(trainable: tune.Trainable, previous: Any) -> TrainingResult | None:
+    """A second checkpoint of a state saved already, as hard links to the first one's files.
+
+    Tune may save one iteration twice (PBT's save and ``checkpoint_frequency``
+    at the same result, or a pause right after either). Each save must be a
+    checkpoint of its own: Tune's ``num_to_keep`` deletes the older of two
+    registered results, and if both named one directory it would delete the
+    checkpoint it keeps. Answering "nothing saved" instead would leave Ray's
+    PBT, which may be waiting on that very save, without a donor checkpoint.
+    So the second save is a new checkpoint directory whose files are hard
+    links to the first one's (copied where links are not possible): no bytes
+    rewritten, and deleting either directory leaves the other whole.
+
+    Returns:
+        The result ``save()`` returns, or None when this does not apply (the
+        storage is not local, or the first checkpoint is gone): the caller
+        then saves as usual.
+    """
+    source = getattr(getattr(previous, "checkpoint", None), "path", None)
+    if not source or not os.path.isdir(source):
+        return None
+    return save_in_place(trainable, lambda staging: link_tree(source, staging))
+
+
+def confirm_remote_upload(result: Any) -> None:
+    """After Tune uploaded a checkpoint to remote storage, confirm it arrived whole.
+
+    An upload interrupted by a storage outage has been seen to leave a
+    checkpoint without its ``state.pt`` while Tune reported success; raising
+    here fails the trial (which Tune retries from its last good checkpoint)
+    instead of registering a checkpoint that cannot be restored.
+    """
+    checkpoint = getattr(result, "checkpoint", None)
+    if checkpoint is None or isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        return
+    confirm_upload(checkpoint)

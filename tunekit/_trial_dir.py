@@ -1,0 +1,335 @@
+"""Every name in a trial directory, and who may still be writing there.
+
+Implementation tier. This is the one place that decides a checkpoint
+directory's name, for Ray's and tunekit's:
+
+``checkpoint_NNNNNN``
+    A checkpoint Ray registered (Ray picks the index).
+``.checkpoint_NNNNNN.partial-HOST-PID-XXXX``
+    Its staging directory while tunekit writes it (:func:`stage_checkpoint`);
+    renamed to the final name once whole. The writer is alive or not
+    (:func:`writer_alive`); :func:`await_write` waits for a live one.
+``.checkpoint_NNNNNN.kept``
+    The trial's newest complete checkpoint, hard links, kept while a newer
+    one is written (:func:`keep_newest_complete`; dropped by :func:`tidy`).
+``.checkpoint_NNNNNN.pin-XXXX``
+    A PBT donor's checkpoint pinned from the moment the scheduler picks it
+    until the clone has read it (:func:`pin_checkpoint`, :func:`is_pinned`):
+    Ray's ``num_to_keep`` never deletes it.
+``.checkpoint_NNNNNN.damaged``
+    A damaged checkpoint's copy kept out of Ray's retention by ``tunekit resume``.
+
+:func:`leftovers` lists the hidden ones for ``tunekit verify``. Nothing here
+imports Ray or torch.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import shutil
+import socket
+import tempfile
+import time
+import uuid
+
+import pyarrow.fs as pafs
+
+from tunekit import _env
+from tunekit._manifest import MANIFEST_FILE
+from tunekit.errors import CheckpointError
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "DAMAGED_COPY",
+    "KEPT_COPY",
+    "PARTIAL",
+    "PINNED_COPY",
+    "STAGING",
+    "await_write",
+    "checkpoint_name_of",
+    "damaged_name",
+    "is_pinned",
+    "keep_newest_complete",
+    "kept_name",
+    "leftovers",
+    "link_tree",
+    "pin_checkpoint",
+    "stage_checkpoint",
+    "staging_dirs",
+    "tidy",
+    "unpinned",
+    "writer_alive",
+    "writer_id",
+]
+
+#: Ray Tune's name for a trial's checkpoint directories; group 1 is the index.
+CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
+#: A copy of a damaged checkpoint that ``tunekit resume`` kept out of Ray's retention.
+DAMAGED_COPY = re.compile(r"^\.checkpoint_(\d+)\.damaged$")
+
+
+def kept_name(checkpoint: str) -> str:
+    """``checkpoint_N`` -> ``.checkpoint_N.kept``."""
+    return f".{checkpoint}.kept"
+
+
+def damaged_name(checkpoint: str) -> str:
+    """``checkpoint_N`` -> ``.checkpoint_N.damaged``."""
+    return f".{checkpoint}.damaged"
+
+
+def checkpoint_name_of(name: str) -> str | None:
+    """The ``checkpoint_N`` a directory name stands for (itself, a kept copy or a pin), or None.
+
+    >>> checkpoint_name_of("checkpoint_000004"), checkpoint_name_of(".checkpoint_000004.pin-1f2e")
+    ('checkpoint_000004', 'checkpoint_000004')
+    """
+    if CHECKPOINT_DIR.match(name):
+        return name
+    if m := (KEPT_COPY.match(name) or DAMAGED_COPY.match(name)):
+        return f"checkpoint_{m[1]}"
+    if m := PINNED_COPY.match(name):
+        return m[1]
+    return None
+
+
+PARTIAL = ".partial-"
+#: A checkpoint's staging directory: ``.checkpoint_N.partial-HOST-PID-XXXX`` (older tunekits: no HOST-PID).
+STAGING = re.compile(r"^\.(checkpoint_\d+)\.partial-(?:(?P<host>.+)-(?P<pid>\d+)-)?[^-]*$")
+#: A complete checkpoint kept (hard links) while a newer one is written.
+KEPT_COPY = re.compile(r"^\.checkpoint_(\d+)\.kept$")
+#: A donor's checkpoint pinned for a PBT clone that has not read it yet (hard links or a copy).
+PINNED_COPY = re.compile(r"^\.(checkpoint_(\d+))\.pin-[0-9a-f]+$")
+
+
+def writer_id() -> str:
+    """``HOST-PID`` of this process, as staging directories name their writer."""
+    host = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+    return f"{host}-{os.getpid()}"
+
+
+def writer_alive(host: str | None, pid: int) -> bool:
+    """Whether the writer of a staging directory may still be writing."""
+    if host is None:
+        return False  # written by a tunekit before two-phase saves: never in the background
+    if host != writer_id().rsplit("-", 1)[0]:
+        return True  # another machine's process: cannot tell, assume it is
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a killed, unreaped worker
+    except (OSError, IndexError):
+        return True
+
+
+def staging_dirs(parent: str) -> list[tuple[str, str | None, int]]:
+    """``(checkpoint name, host, pid)`` of every staging directory in a trial directory."""
+    out = []
+    with os.scandir(parent) as entries:
+        for entry in entries:
+            m = STAGING.match(entry.name)
+            if m and entry.is_dir():
+                out.append((m[1], m["host"], int(m["pid"] or 0)))
+    return out
+
+
+def leftovers(fs: pafs.FileSystem, trial_dir: str) -> list[tuple[str, str]]:
+    """Hidden checkpoint directories of a trial: ``(name, kind)``, kind "kept", "pinned", "damaged",
+    "writing" or "interrupted".
+
+    "kept": a complete checkpoint kept while a newer one was written;
+    "pinned": a checkpoint pinned for a PBT clone that has not read it yet
+    (a paused trial's: its resume reads it);
+    "damaged": a damaged checkpoint's copy that ``tunekit resume`` kept;
+    "writing": a staging directory whose writer is alive; "interrupted": one
+    whose writer is gone (killed in the middle of the write).
+    """
+    out = []
+    for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
+        if info.type != pafs.FileType.Directory:
+            continue
+        if KEPT_COPY.match(info.base_name):
+            out.append((info.base_name, "kept"))
+        elif PINNED_COPY.match(info.base_name):
+            out.append((info.base_name, "pinned"))
+        elif DAMAGED_COPY.match(info.base_name):
+            out.append((info.base_name, "damaged"))
+        elif m := STAGING.match(info.base_name):
+            local = isinstance(fs, pafs.LocalFileSystem)
+            live = local and m["pid"] is not None and writer_alive(m["host"], int(m["pid"]))
+            out.append((info.base_name, "writing" if live else "interrupted"))
+    return sorted(out)
+
+
+def stage_checkpoint(final: str) -> str:
+    """Create the hidden staging directory a checkpoint is written in (named after its writer)."""
+    parent, name = os.path.split(final)
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f".{name}{PARTIAL}{writer_id()}-", dir=parent)
+
+
+def keep_newest_complete(final: str) -> None:
+    """Before ``final`` is announced: keep the trial's newest complete checkpoint as ``.checkpoint_N.kept``.
+
+    Hard links, so nothing is copied; Tune's ``num_to_keep`` may then delete
+    the real directory while ``final`` is still being written. Nothing is
+    done when the trial has no complete checkpoint yet, or its newest one is
+    kept already.
+    """
+    parent, name = os.path.split(final)
+    match = CHECKPOINT_DIR.match(name)
+    if match is None:
+        return
+    below = int(match[1])
+    best: tuple[int, str, bool] | None = None
+    with os.scandir(parent) as entries:
+        for entry in entries:
+            m = CHECKPOINT_DIR.match(entry.name) or KEPT_COPY.match(entry.name)
+            if not m or int(m[1]) >= below or not os.path.exists(os.path.join(entry.path, MANIFEST_FILE)):
+                continue
+            candidate = (int(m[1]), entry.path, entry.name.startswith("."))
+            if best is None or candidate[:1] > best[:1] or (candidate[0] == best[0] and candidate[2]):
+                best = candidate
+    if best is None or best[2]:
+        return  # nothing complete yet, or the newest complete one is a kept copy already
+    index, source, _ = best
+    kept = os.path.join(parent, kept_name(os.path.basename(source)))
+    if os.path.exists(kept):
+        return
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(source)}.keeping-", dir=parent)
+    try:
+        link_tree(source, staging)
+        if not os.path.exists(os.path.join(staging, MANIFEST_FILE)):
+            raise FileNotFoundError(source)  # deleted while it was linked: not a whole copy
+        os.rename(staging, kept)
+    except OSError:
+        # Ray deleted it meanwhile (then nothing complete is left to keep), or it was kept already.
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def tidy(parent: str, completed: int) -> None:
+    """After checkpoint ``completed`` is whole: drop kept copies before it and dead writers' leftovers."""
+    with os.scandir(parent) as entries:
+        names = [(e.name, e.path) for e in entries if e.name.startswith(".checkpoint_")]
+    for name, path in names:
+        kept = KEPT_COPY.match(name)
+        staging = STAGING.match(name)
+        if (kept and int(kept[1]) < completed) or ".keeping-" in name or (
+            staging and not writer_alive(staging["host"], int(staging["pid"] or 0))
+        ):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def link_tree(source: str, target: str) -> None:
+    """Hard-link every file under ``source`` to the same place under ``target`` (copy where links fail)."""
+    for root, dirs, files in os.walk(source):
+        rel = os.path.relpath(root, source)
+        for d in dirs:
+            os.makedirs(os.path.join(target, rel, d), exist_ok=True)
+        for f in files:
+            src, dst = os.path.join(root, f), os.path.join(target, rel, f)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
+
+
+def await_write(path: str, *, timeout: float | None = None) -> None:
+    """If the local checkpoint ``path`` is still being written by a live process, wait for it.
+
+    Returns when its manifest is there, or when no live writer is left (the
+    caller then finds it missing and falls back).
+
+    Raises:
+        CheckpointError: still being written after ``timeout`` seconds
+            (default ``$TUNEKIT_CHECKPOINT_WAIT_S`` or 600).
+    """
+    limit = _env.get_float("TUNEKIT_CHECKPOINT_WAIT_S") if timeout is None else timeout
+    parent, name = os.path.split(os.path.normpath(path))
+    start = time.monotonic()
+    delay = 0.005
+    while not os.path.exists(os.path.join(path, MANIFEST_FILE)):
+        try:
+            writers = [(h, p) for ckpt, h, p in staging_dirs(parent) if ckpt == name and writer_alive(h, p)]
+        except FileNotFoundError:
+            return
+        if not writers:
+            return
+        waited = time.monotonic() - start
+        if waited > limit:
+            host, pid = writers[0]
+            raise CheckpointError(
+                f"checkpoint {path} is still being written (by process {pid} on {host}) after {waited:.0f} s; "
+                "raise TUNEKIT_CHECKPOINT_WAIT_S to wait longer"
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+def unpinned(path: str) -> str:
+    """The checkpoint a pin stands for (``.../.checkpoint_N.pin-X`` -> ``.../checkpoint_N``); other paths as given."""
+    parent, name = posixpath.split(path.rstrip("/"))
+    m = PINNED_COPY.match(name)
+    return posixpath.join(parent, m[1]) if m else path
+
+
+def is_pinned(path: str) -> bool:
+    """Whether ``path`` is a pinned copy (:func:`pin_checkpoint`), which its one reader removes."""
+    return PINNED_COPY.match(posixpath.basename(path.rstrip("/"))) is not None
+
+
+def pin_checkpoint(fs: pafs.FileSystem, path: str) -> str | None:
+    """Pin checkpoint ``path`` for a PBT clone that reads it later: a copy beside it, named
+    ``.checkpoint_N.pin-XXXX``, that Ray's ``num_to_keep`` never deletes.
+
+    Local storage: hard links (no bytes copied), after a write still in
+    flight (a two-phase save of the donor) is complete; if Ray deleted the
+    checkpoint already, its kept copy is pinned. Other storage: a copy on the
+    storage itself (``copy_file``, server-side on S3), the manifest last.
+    The reader removes the pin once it has read it.
+
+    Returns:
+        The pin's path, or None when there is nothing to pin (not a
+        ``checkpoint_N`` directory, or gone with no kept copy): the clone
+        then reads ``path`` as before.
+    """
+    parent, name = posixpath.split(path.rstrip("/"))
+    if not CHECKPOINT_DIR.match(name):
+        return None
+    pin = posixpath.join(parent, f".{name}.pin-{uuid.uuid4().hex[:12]}")
+    if isinstance(fs, pafs.LocalFileSystem):
+        await_write(path)
+        sources = [p for p in (path, os.path.join(parent, kept_name(name))) if os.path.isdir(p)]
+        for source in sources:
+            staging = f"{pin}.linking"
+            try:
+                link_tree(source, staging)
+                os.rename(staging, pin)
+                return pin
+            except OSError:  # deleted while it was linked: try the kept copy
+                shutil.rmtree(staging, ignore_errors=True)
+        return None
+    try:
+        files = [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                 if i.type == pafs.FileType.File]
+        files.sort(key=lambda i: posixpath.basename(i.path) == MANIFEST_FILE)  # the manifest last
+        for info in files:
+            fs.copy_file(info.path, posixpath.join(pin, posixpath.relpath(info.path, path)))
+    except (OSError, FileNotFoundError):
+        _delete(fs, pin)
+        return None
+    return pin if files else None
+
+
+def _delete(fs: pafs.FileSystem, path: str) -> None:
+    try:
+        fs.delete_dir(path)
+    except (OSError, FileNotFoundError):
+        pass
