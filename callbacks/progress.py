@@ -13,7 +13,7 @@ from typing_extensions import override
 from tunekit._checks import number_at_least
 from tunekit.errors import ConfigError
 
-__all__ = ["ProgressPrinter"]
+__all__ = ["ProgressPrinter", "error_line"]
 
 
 class ProgressPrinter(tune.Callback):

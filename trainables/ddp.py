@@ -41,7 +41,7 @@ from tunekit.errors import CheckpointError, ConfigError
 from tunekit.rng import seed_everything
 from tunekit.trainables.digits import build_digits_state, evaluate
 
-__all__ = ["REPLICATED_KEYS", "tune_ddp", "train_loop"]
+__all__ = ["REPLICATED_KEYS", "rank_dir", "train_loop", "tune_ddp"]
 
 REPLICATED_KEYS = ("format", "models", "optimizers", "schedulers", "scaler", "counters", "extras")
 RANK_KEYS = ("format", "data", "rng")

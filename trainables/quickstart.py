@@ -6,7 +6,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TextIO
 
 import pyarrow.fs as pafs
@@ -15,13 +14,12 @@ from tunekit._checks import integer_at_least, number_at_least
 from tunekit.errors import ConfigError
 from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
 from tunekit.snapshot import read_experiment
-from tunekit.storage import DEFAULT_STORAGE_PATH, check_cluster_storage, probe_storage, resolve_storage
+from tunekit.storage import check_cluster_storage, probe_storage, resolve_storage
 from tunekit.table import format_table
 
-__all__ = ["DEFAULT_STORAGE", "QuickstartSummary", "run_quickstart"]
+__all__ = ["QuickstartSummary", "run_quickstart"]
 
 #: Where results go unless ``--storage-path`` says otherwise.
-DEFAULT_STORAGE = Path(DEFAULT_STORAGE_PATH).expanduser()
 
 METRIC = "accuracy"
 

@@ -42,7 +42,7 @@ import torch
 from tunekit import TorchTrainable, TrainingState
 from tunekit.errors import ConfigError
 
-__all__ = ["ToyPBT", "explore_h", "run_toy_problem", "true_q"]
+__all__ = ["ToyPBT", "explore_h", "main", "run_toy_problem", "true_q"]
 
 THETA0 = (0.9, 0.9)
 STEP_SIZES = (0.2, 0.19)  # member 0, member 1 (distinct: breaks the tie)

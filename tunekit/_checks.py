@@ -12,7 +12,15 @@ from typing import Any
 
 from tunekit.errors import ConfigError
 
-__all__ = ["SCOPES", "check_mode", "check_scope", "integer_at_least", "is_number", "number_at_least", "positive_number"]
+__all__ = [
+    "SCOPES",
+    "check_mode",
+    "check_scope",
+    "integer_at_least",
+    "is_number",
+    "number_at_least",
+    "positive_number",
+]
 
 #: How a trial's series of a metric is reduced to one value when trials are ranked
 #: (``"avg"``, Ray's word, is taken for ``"mean"``).

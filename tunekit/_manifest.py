@@ -32,14 +32,14 @@ if TYPE_CHECKING:
     from ray import tune
 
 __all__ = [
+    "CheckpointLocation",
+    "CheckpointReport",
     "MANIFEST_FILE",
     "MANIFEST_FORMAT",
     "METADATA_FILE",
     "STATE_FILE",
-    "WRITTEN_HASH",
-    "CheckpointLocation",
-    "CheckpointReport",
     "UnsupportedManifest",
+    "WRITTEN_HASH",
     "confirm_upload",
     "digest_bytes",
     "hash_file",

@@ -63,19 +63,23 @@ __all__ = [
     "TrainingResult",
     "adopt_function_runner",
     "clear_last_reported",
+    "clone_in_place",
+    "drop_color_reset_at_exit",
     "function_runner_cleanup",
     "function_runner_reset",
     "give_session_checkpoint",
+    "has_local_storage",
     "last_reported",
     "last_result",
+    "local_trial_dir",
     "next_local_checkpoint",
+    "pin_donor_checkpoint",
     "publish_local_checkpoint",
     "quiet_ray_notices",
     "quiet_tune_banner",
     "report_checkpoint_dir",
-    "clone_in_place",
-    "drop_color_reset_at_exit",
     "session_report",
+    "set_iteration",
     "set_restored",
     "storage_context",
     "supports_clone",
@@ -170,6 +174,11 @@ def set_restored(trainable: tune.Trainable, metrics: dict[str, Any]) -> None:
     trainable._time_since_restore = 0.0
     trainable._iterations_since_restore = 0
     trainable._restored = True
+
+
+def set_iteration(trainable: tune.Trainable, iteration: int) -> None:
+    """Set Ray's iteration counter (its next result reports ``iteration + 1``); Ray has no public setter."""
+    trainable._iteration = iteration
 
 
 def give_session_checkpoint(checkpoint: Any) -> None:
@@ -322,7 +331,8 @@ def pin_donor_checkpoint(trial: Any) -> None:
     checkpoint = getattr(result, "checkpoint", None)
     if checkpoint is None:
         return
-    pinned = pin_checkpoint(checkpoint.filesystem, checkpoint.path)
+    iteration = (result.metrics or {}).get("training_iteration")
+    pinned = pin_checkpoint(checkpoint.filesystem, checkpoint.path, iteration if isinstance(iteration, int) else None)
     if pinned is not None:
         manager._latest_checkpoint_result = TrainingResult(
             checkpoint=tune.Checkpoint(pinned, filesystem=checkpoint.filesystem), metrics=result.metrics

@@ -37,8 +37,9 @@ import uuid
 import pyarrow.fs as pafs
 
 from tunekit import _env
-from tunekit._manifest import MANIFEST_FILE
+from tunekit._manifest import MANIFEST_FILE, read_metadata
 from tunekit.errors import CheckpointError
+from tunekit.storage import Storage
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -285,47 +286,75 @@ def is_pinned(path: str) -> bool:
     return PINNED_COPY.match(posixpath.basename(path.rstrip("/"))) is not None
 
 
-def pin_checkpoint(fs: pafs.FileSystem, path: str) -> str | None:
+def pin_checkpoint(fs: pafs.FileSystem, path: str, iteration: int | None = None) -> str | None:
     """Pin checkpoint ``path`` for a PBT clone that reads it later: a copy beside it, named
     ``.checkpoint_N.pin-XXXX``, that Ray's ``num_to_keep`` never deletes.
 
     Local storage: hard links (no bytes copied), after a write still in
-    flight (a two-phase save of the donor) is complete; if Ray deleted the
-    checkpoint already, its kept copy is pinned. Other storage: a copy on the
-    storage itself (``copy_file``, server-side on S3), the manifest last.
-    The reader removes the pin once it has read it.
+    flight (a two-phase save of the donor) is complete. Other storage: a copy
+    on the storage itself (``copy_file``, server-side on S3), the manifest
+    last. The reader removes the pin once it has read it.
+
+    If Ray deleted ``path`` already, what holds the same state is pinned: its
+    kept copy, or (``iteration`` given) a checkpoint of the same trial saved
+    at that iteration. Tune saves one iteration twice when PBT's save and the
+    frequency save meet, and ``num_to_keep=1`` deletes the first of the two
+    at once, sometimes the very one PBT recorded as the donor's.
 
     Returns:
-        The pin's path, or None when there is nothing to pin (not a
-        ``checkpoint_N`` directory, or gone with no kept copy): the clone
-        then reads ``path`` as before.
+        The pin's path, or None when nothing holding that state is left: the
+        clone then reads ``path`` as before (and falls back if it is gone).
     """
     parent, name = posixpath.split(path.rstrip("/"))
     if not CHECKPOINT_DIR.match(name):
         return None
     pin = posixpath.join(parent, f".{name}.pin-{uuid.uuid4().hex[:12]}")
-    if isinstance(fs, pafs.LocalFileSystem):
-        await_write(path)
-        sources = [p for p in (path, os.path.join(parent, kept_name(name))) if os.path.isdir(p)]
-        for source in sources:
+    for source in _same_state(fs, parent, name, iteration):
+        if isinstance(fs, pafs.LocalFileSystem):
+            await_write(source)
             staging = f"{pin}.linking"
             try:
+                os.makedirs(staging)
                 link_tree(source, staging)
-                os.rename(staging, pin)
+                if os.path.isdir(source):  # still there after linking it: a whole copy
+                    os.rename(staging, pin)
+                    return pin
+            except OSError:
+                pass  # deleted while it was linked
+            shutil.rmtree(staging, ignore_errors=True)
+            continue
+        try:
+            files = [i for i in fs.get_file_info(pafs.FileSelector(source, recursive=True))
+                     if i.type == pafs.FileType.File]
+            files.sort(key=lambda i: posixpath.basename(i.path) == MANIFEST_FILE)  # the manifest last
+            for info in files:
+                fs.copy_file(info.path, posixpath.join(pin, posixpath.relpath(info.path, source)))
+            if files:
                 return pin
-            except OSError:  # deleted while it was linked: try the kept copy
-                shutil.rmtree(staging, ignore_errors=True)
-        return None
-    try:
-        files = [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
-                 if i.type == pafs.FileType.File]
-        files.sort(key=lambda i: posixpath.basename(i.path) == MANIFEST_FILE)  # the manifest last
-        for info in files:
-            fs.copy_file(info.path, posixpath.join(pin, posixpath.relpath(info.path, path)))
-    except (OSError, FileNotFoundError):
-        _delete(fs, pin)
-        return None
-    return pin if files else None
+        except (OSError, FileNotFoundError):
+            _delete(fs, pin)
+    return None
+
+
+def _same_state(fs: pafs.FileSystem, parent: str, name: str, iteration: int | None) -> list[str]:
+    """``parent/name`` if it is there, else its kept copy, else the trial's checkpoints of ``iteration``."""
+    path = posixpath.join(parent, name)
+    if fs.get_file_info(path).type == pafs.FileType.Directory:
+        return [path]
+    kept = posixpath.join(parent, kept_name(name))
+    if fs.get_file_info(kept).type == pafs.FileType.Directory:
+        return [kept]
+    if iteration is None:
+        return []
+    twins = []
+    for info in fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True)):
+        if info.type == pafs.FileType.Directory and CHECKPOINT_DIR.match(info.base_name):
+            try:
+                if read_metadata(Storage(fs, info.path, info.path)).get("iteration") == iteration:
+                    twins.append(info.path)
+            except (CheckpointError, OSError):
+                continue  # being written, or deleted meanwhile
+    return sorted(twins, reverse=True)
 
 
 def _delete(fs: pafs.FileSystem, path: str) -> None:

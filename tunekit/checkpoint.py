@@ -93,12 +93,12 @@ if TYPE_CHECKING:
 # readers (status, verify, report) use this module without either.
 
 __all__ = [
+    "CheckpointLocation",
+    "CheckpointReport",
     "MANIFEST_FILE",
     "MANIFEST_FORMAT",
     "METADATA_FILE",
     "STATE_FILE",
-    "CheckpointLocation",
-    "CheckpointReport",
     "UnsupportedManifest",
     "confirm_upload",
     "fsync_paths",

@@ -66,11 +66,6 @@ class ShuffledBatches:
         integer_at_least("ShuffledBatches", "batch_size", value)
         self._batch_size = value
 
-    def batches_per_epoch(self) -> int:
-        """Number of batches in one epoch at the current batch size."""
-        full, rest = divmod(self.num_samples, self.batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
-
     def _permutation(self) -> torch.Tensor:
         if self._perm is None:
             gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)

@@ -7,7 +7,15 @@ what is expected.
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "ConfigError", "ConfigTypeError", "ExperimentError", "StorageError", "TunekitError", "first_line"]
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "ConfigTypeError",
+    "ExperimentError",
+    "StorageError",
+    "TunekitError",
+    "first_line",
+]
 
 
 class TunekitError(Exception):

@@ -18,7 +18,7 @@ from tunekit._trial_dir import CHECKPOINT_DIR, DAMAGED_COPY
 from tunekit.errors import ExperimentError
 from tunekit.storage import Storage, storage_errors
 
-__all__ = ["CHECKPOINT_DIR", "DAMAGED_COPY", "CheckpointDir", "TrialDir", "find_trials"]
+__all__ = ["CHECKPOINT_DIR", "CheckpointDir", "DAMAGED_COPY", "TrialDir", "find_trials"]
 
 _TRIAL_FILES = ("params.json", "result.json", "progress.csv", "error.txt")
 

@@ -152,7 +152,7 @@ class FunctionSession:
             spec = {**trial_config, **self.config}
             started = apply_warm_start(state, spec, mutable=self.mutable, apply=self._apply)
             if started and adapter is not None:
-                adapter._iteration = started  # Ray's counter goes on from the checkpoint's iteration
+                _ray.set_iteration(adapter, started)  # Ray's counter goes on from the checkpoint's iteration
         if adapter is not None:
             adapter._tunekit_saver = self.save
             adapter._tunekit_payload = self.payload

@@ -39,8 +39,13 @@ from tunekit._ray import PBTWithDonorChoice
 from tunekit.errors import ConfigError
 from tunekit.hparams import DEFAULT_MUTABLE
 
-__all__ = ["PBTSetup", "PopulationBasedTrainingNoIdlePause", "mutable_hyperparameters", "pbt_setup",
-           "quiet_pbt_keep_warning"]
+__all__ = [
+    "PBTSetup",
+    "PopulationBasedTrainingNoIdlePause",
+    "mutable_hyperparameters",
+    "pbt_setup",
+    "quiet_pbt_keep_warning",
+]
 
 
 def mutable_hyperparameters(trainable: Any) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from tunekit.results import format_ranges
 from tunekit.snapshot import RAY_KEYS, BestCheckpoint, ExperimentSnapshot, format_counts, read_experiment
 from tunekit.storage import Storage, resolve_storage
 
-__all__ = ["ReportSummary", "guess_metric", "write_report"]
+__all__ = ["ReportSummary", "guess_metric", "hyperparameters", "write_report"]
 
 _GUESSES = [("accuracy", "max"), ("mean_accuracy", "max"), ("score", "max"), ("reward", "max"),
             ("loss", "min"), ("mean_loss", "min"), ("val_loss", "min")]

@@ -20,7 +20,14 @@ import pyarrow.fs as pafs
 
 from tunekit.storage import storage_errors
 
-__all__ = ["dedupe_lineage", "format_ranges", "lost_iterations", "missing_iterations", "parse_result_lines", "read_text"]
+__all__ = [
+    "dedupe_lineage",
+    "format_ranges",
+    "lost_iterations",
+    "missing_iterations",
+    "parse_result_lines",
+    "read_text",
+]
 
 
 def read_text(fs: pafs.FileSystem, path: str) -> str | None:

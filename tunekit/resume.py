@@ -30,7 +30,14 @@ from tunekit._connect import ray_for
 from tunekit.snapshot import CheckpointSummary, ExperimentSnapshot, TrialSnapshot, format_counts, read_experiment
 from tunekit.storage import Storage, resolve_storage
 
-__all__ = ["ResumeSummary", "extend_experiment", "find_trainable", "import_trainable", "newest_good", "resume_experiment"]
+__all__ = [
+    "ResumeSummary",
+    "extend_experiment",
+    "find_trainable",
+    "import_trainable",
+    "newest_good",
+    "resume_experiment",
+]
 
 
 def import_trainable(spec: str) -> Any:

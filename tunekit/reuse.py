@@ -27,7 +27,7 @@ from typing import Any, Callable, Hashable, Mapping, TypeVar
 
 from tunekit.errors import ConfigError, ConfigTypeError
 
-__all__ = ["ReusableSlot", "reusable", "reusable_key"]
+__all__ = ["ReusableSlot", "reusable", "reusable_key", "reusable_slot"]
 
 T = TypeVar("T")
 

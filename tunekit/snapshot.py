@@ -40,17 +40,17 @@ from tunekit.results import dedupe_lineage, lost_iterations, parse_result_lines,
 from tunekit.storage import Storage, resolve_storage
 
 __all__ = [
-    "RAY_KEYS",
     "BestCheckpoint",
     "CheckpointSummary",
-    "Exploit",
     "ExperimentSnapshot",
+    "Exploit",
+    "RAY_KEYS",
     "TrialSnapshot",
     "error_message",
     "format_counts",
     "ranked",
-    "read_exploits",
     "read_experiment",
+    "read_exploits",
     "trial_tags",
 ]
 

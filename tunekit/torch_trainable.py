@@ -179,7 +179,7 @@ class TorchTrainable(tune.Trainable):
         self.state.counters.iteration += 1
         if self._align_iteration:
             self._align_iteration = False
-            self._iteration = self.state.counters.iteration - 1  # Ray adds the 1
+            _ray.set_iteration(self, self.state.counters.iteration - 1)  # Ray adds the 1
         self._metrics = dict(metrics)  # what the trial reported, before Ray adds its fields
         return metrics
 

@@ -11,6 +11,19 @@ from tunekit.function import FunctionSession
 from tunekit.hparams import put_learning_rate
 from tunekit.state import TrainingState
 
+__all__ = [
+    "FrameworkTrainingState",
+    "KEY_PREFIX",
+    "OPTIMIZER_KEYS",
+    "Reporter",
+    "apply_optimizer_values",
+    "framework_of",
+    "make_session",
+    "new_state",
+    "plain_metrics",
+    "require",
+]
+
 #: ``TrainingState.extras`` key prefix of a framework's own training state.
 KEY_PREFIX = "tunekit/framework:"
 #: Hyperparameters an integration changes in place on the framework's optimizers (PBT).

@@ -68,7 +68,7 @@ from tunekit.integrations._common import (
 )
 from tunekit.rng import restore_rng
 
-__all__ = ["MUTABLE", "fit"]
+__all__ = ["MUTABLE", "dump_checkpoint", "fit"]
 
 #: Hyperparameters a PBT exploit changes in place on Lightning's optimizers.
 MUTABLE = ("lr", "momentum", "weight_decay")

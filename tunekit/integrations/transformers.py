@@ -70,7 +70,7 @@ from tunekit.integrations._common import (
 )
 from tunekit.rng import capture_rng, restore_rng
 
-__all__ = ["MUTABLE", "to_trainer_checkpoint", "train"]
+__all__ = ["MUTABLE", "dump_trainer", "to_trainer_checkpoint", "train"]
 
 logger = logging.getLogger(__name__)
 
