@@ -10,6 +10,8 @@ location) answers ``good``, ``incomplete``, ``corrupt`` or ``unsupported`` for
 a directory, reading each listed file once; the ``is_*``, ``read_metadata``
 and ``unsupported_format`` readers never hash. Storage errors surface as one
 :class:`~tunekit.StorageError` line (:func:`tunekit.storage.storage_errors`).
+
+Tested in ``tests/tunekit/test_integrity.py`` (formats, damage of every kind) and by the doctests.
 """
 
 from __future__ import annotations

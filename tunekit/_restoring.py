@@ -25,6 +25,9 @@ Call order a trainable follows on ``restore(checkpoint)``:
 A PBT exploit in a running worker goes through :func:`clone_in_worker`
 (reset, then restore); its failure is raised by the trial's next step
 (:func:`raise_failed_clone`).
+
+Tested in ``tests/tunekit/test_integrity.py`` (fallback), ``tests/tunekit/test_two_phase.py``
+(waiting for live writers) and ``tests/trainables/test_contract.py`` (bit-exact resume).
 """
 
 from __future__ import annotations
@@ -213,25 +216,13 @@ def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[T
             return TrainingResult(checkpoint=local, metrics=requested.metrics), temps
         if report.status == "unsupported":  # not damaged: falling back would lose its progress
             raise CheckpointError(f"cannot restore: checkpoint {report.describe()}")
-        skipped = [report]
         # A checkpoint deleted meanwhile (Ray keeps only ``num_to_keep``; a PBT
         # donor may have moved on) is replaced by the trial's newest good one;
         # a damaged one by the newest good one before it.
         missing = report.problems == ["directory is missing"]
-        for candidate in _other_checkpoints(requested.checkpoint, newer_too=missing):
-            local, candidate_report = _fetch(candidate, temps)
-            if not candidate_report.ok:
-                skipped.append(candidate_report)
-                continue
-            iteration = int(read_metadata(local).get("iteration", 0))
-            logger.warning(
-                "tunekit: skipped damaged checkpoint(s) %s; restoring from %s (iteration %d) instead",
-                " | ".join(r.describe() for r in skipped),
-                candidate.path,
-                iteration,
-            )
-            metrics = {**requested.metrics, "training_iteration": iteration}
-            return TrainingResult(checkpoint=local, metrics=metrics), temps
+        instead = _fall_back(requested, report, temps, newer_too=missing)
+        if instead is not None:
+            return instead, temps
         if missing and _first_write_interrupted(requested.checkpoint, trial_dir):
             logger.warning(
                 "tunekit: checkpoint %s was never completed (its writer died during the trial's first "
@@ -245,6 +236,26 @@ def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[T
     except BaseException:
         remove_temps(temps)
         raise
+
+
+def _fall_back(requested: TrainingResult, report: CheckpointReport, temps: list[str], *,
+               newer_too: bool) -> TrainingResult | None:
+    """The trial's newest good other checkpoint (before the requested one unless ``newer_too``), or None."""
+    skipped = [report]
+    for candidate in _other_checkpoints(requested.checkpoint, newer_too=newer_too):
+        local, candidate_report = _fetch(candidate, temps)
+        if not candidate_report.ok:
+            skipped.append(candidate_report)
+            continue
+        iteration = int(read_metadata(local).get("iteration", 0))
+        logger.warning(
+            "tunekit: skipped damaged checkpoint(s) %s; restoring from %s (iteration %d) instead",
+            " | ".join(r.describe() for r in skipped),
+            candidate.path,
+            iteration,
+        )
+        return TrainingResult(checkpoint=local, metrics={**requested.metrics, "training_iteration": iteration})
+    return None
 
 
 _FOREIGN_NOTED: set[str] = set()

@@ -31,6 +31,9 @@ that needs its checkpoints on storage (restore, reset, stop); per save, one of
 :func:`save_again` (the iteration was saved already), :func:`save_snapshot`
 (two-phase), :func:`save_in_place` (written now) or Ray's own ``save`` then
 :func:`confirm_remote_upload`; :meth:`BackgroundSaves.close` at cleanup.
+
+Tested in ``tests/tunekit/test_two_phase.py`` and ``tests/tunekit/test_integrity.py`` (workers
+SIGKILLed inside each phase of a write).
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ directory's name, for Ray's and tunekit's:
 
 :func:`leftovers` lists the hidden ones for ``tunekit verify``. Nothing here
 imports Ray or torch.
+
+Tested in ``tests/tunekit/test_two_phase.py`` (staging, kept copies, leftovers) and
+``tests/trainables/test_pbt_exploit.py`` (pins: the race with ``num_to_keep``).
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ class _HashingWriter:
         self.fh.flush()
 
 
-#: Fault injection for tests (``tests/trainables/contract.py``): called with the
+#: Fault injection for tests (``tests/support/contract.py``): called with the
 #: phase of a checkpoint write that was just reached ("state": a chunk of
 #: ``state.pt`` written; "manifest": every file written, before the manifest).
 #: None (the default) costs one global lookup per write call.
@@ -229,6 +229,14 @@ def write_checkpoint(
     meta_bytes = json.dumps(meta, indent=1, sort_keys=True).encode()
     _write_file(path / METADATA_FILE, meta_bytes, sync=sync)
     files[METADATA_FILE] = {"size": len(meta_bytes), WRITTEN_HASH: digest_bytes(meta_bytes, WRITTEN_HASH)}
+    _list_other_files(path, files, sync=sync)
+    _write_phase("manifest")
+    _write_file(manifest, manifest_bytes(files), sync=sync)
+    return path
+
+
+def _list_other_files(path: Path, files: dict[str, dict[str, Any]], *, sync: bool) -> None:
+    """Add every other file under ``path`` (the user's, riding along) to the manifest's table."""
     for file in sorted(p for p in path.rglob("*") if p.is_file()):
         rel = file.relative_to(path).as_posix()
         if rel in files or rel == MANIFEST_FILE:
@@ -236,9 +244,6 @@ def write_checkpoint(
         if sync:
             fsync_paths([file])
         files[rel] = {"size": file.stat().st_size, WRITTEN_HASH: hash_file(file, WRITTEN_HASH)}
-    _write_phase("manifest")
-    _write_file(manifest, manifest_bytes(files), sync=sync)
-    return path
 
 
 @contextlib.contextmanager

@@ -9,9 +9,10 @@
 * a ``CheckpointConfig`` whose frequency is the perturbation interval, so the
   checkpoint an exploit clones is the donor's state at the perturbation, never
   a stale one (tunekit trainables write one checkpoint per iteration however
-  often they are asked). Ray Tune always keeps a trial's newest checkpoint, so
-  ``num_to_keep`` can be as low as 1 without an exploit pointing at a deleted
-  checkpoint.
+  often they are asked). The scheduler pins the donor checkpoint an exploit
+  chose until the clone has read it (:func:`tunekit._ray.pin_donor_checkpoint`),
+  so ``num_to_keep`` can be as low as 1: the donor saving again, and Ray
+  deleting the chosen checkpoint, before the clone reads it loses nothing.
 
 Example:
     >>> from ray import tune

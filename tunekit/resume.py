@@ -23,6 +23,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, TextIO
 
+import pyarrow.fs as pafs
+
 from tunekit._trial_dir import damaged_name
 from tunekit.checkpoint import read_metadata
 from tunekit.errors import CheckpointError, ConfigError, ExperimentError
@@ -194,7 +196,7 @@ def _unwrapped(spec: str, raw: bytes | None) -> str:
 def _tuner_pickle(experiment: Storage) -> bytes | None:
     """The bytes of ``tuner.pkl`` (read, never unpickled here), or None."""
     path = posixpath.join(experiment.path, "tuner.pkl")
-    if experiment.filesystem.get_file_info(path).type.name != "File":
+    if experiment.filesystem.get_file_info(path).type != pafs.FileType.File:
         return None
     with experiment.filesystem.open_input_stream(path) as stream:
         return stream.read()
@@ -328,15 +330,13 @@ def _preserve(experiment: Storage, trial: TrialSnapshot, ckpt: CheckpointSummary
     trial_dir = experiment.join(trial.name)
     target = posixpath.join(trial_dir.path, damaged_name(ckpt.name))
     fs = experiment.filesystem
-    if fs.get_file_info(target).type.name == "NotFound":
+    if fs.get_file_info(target).type == pafs.FileType.NotFound:
         source = posixpath.join(trial_dir.path, ckpt.name)
         if experiment.is_local:
             import shutil
 
             shutil.copytree(source, target, copy_function=_link_or_copy)
         else:
-            import pyarrow.fs as pafs
-
             pafs.copy_files(source, target, source_filesystem=fs, destination_filesystem=fs)
     return f"{trial_dir.uri.rstrip('/')}/{damaged_name(ckpt.name)}"
 
@@ -425,7 +425,7 @@ def extend_experiment(
                      posixpath.dirname(experiment.uri.partition("?")[0].rstrip("/")))
     name = f"{posixpath.basename(experiment.path.rstrip('/'))}-to-{iterations}"
     target = parent.join(name)
-    if experiment.filesystem.get_file_info(target.path).type.name != "NotFound":
+    if experiment.filesystem.get_file_info(target.path).type != pafs.FileType.NotFound:
         raise ExperimentError(f"extend: {target.uri} exists already; remove it or resume it with tunekit resume")
 
     from ray import tune

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+import pyarrow.fs as pafs
+
 from tunekit._manifest import locate
 from tunekit.checkpoint import (
     MANIFEST_FILE,
@@ -96,10 +98,10 @@ def _check_checkpoint(uri: str) -> None:
                                                f"{where.path}/{METADATA_FILE}"])
     except (OSError, StorageError, ValueError) as exc:
         raise CheckpointError(f"warm start from {uri}: cannot read it ({str(exc).splitlines()[0]})") from None
-    if info[0].type.name != "Directory":
-        what = "no such directory" if info[0].type.name == "NotFound" else "not a directory"
+    if info[0].type != pafs.FileType.Directory:
+        what = "no such directory" if info[0].type == pafs.FileType.NotFound else "not a directory"
         raise CheckpointError(f"warm start from {uri}: {what}; expected a tunekit checkpoint directory")
-    if info[1].type.name != "File" or info[2].type.name != "File":
+    if info[1].type != pafs.FileType.File or info[2].type != pafs.FileType.File:
         raise CheckpointError(
             f"warm start from {uri}: not a tunekit checkpoint (no {MANIFEST_FILE} or {METADATA_FILE}); "
             "expected a checkpoint_NNNNNN directory written by a tunekit trainable"

@@ -9,26 +9,15 @@ import pytest
 from ray import tune
 
 from tests.callbacks.scripted import ScriptedTrainable, TickClock
-from tests.trainables.contract import KillActorOnce, checkpoint_iterations
+from tests.support.contract import KillActorOnce, checkpoint_iterations
+from tests.support.fit import fit
 from tunekit.callbacks import CheckpointByStepsTaken, CheckpointByTime, CheckpointOnImprovement, CheckpointOnPreemption
 from tunekit.trainables import DigitsTrainable, TrainDigits
 
 
 def _fit(storage, name, callbacks, *, stop, trainable=ScriptedTrainable, config=None, max_failures=0, **ckpt):
-    grid = tune.Tuner(
-        trainable,
-        param_space=config or {"scores": [0.0]},
-        run_config=tune.RunConfig(
-            name=name,
-            storage_path=str(storage),
-            stop={"training_iteration": stop},
-            callbacks=callbacks,
-            checkpoint_config=tune.CheckpointConfig(**ckpt),
-            failure_config=tune.FailureConfig(max_failures=max_failures),
-            verbose=0,
-        ),
-    ).fit()
-    assert not grid.errors, grid.errors
+    grid = fit(trainable, storage, name, stop=stop, config=config or {"scores": [0.0]}, callbacks=callbacks,
+               max_failures=max_failures, **ckpt)
     return [checkpoint_iterations(Path(r.path)) for r in grid]
 
 

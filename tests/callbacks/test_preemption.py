@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from tests.callbacks.preempt_driver import NAME, STOP
-from tests.trainables.contract import checkpoint_iterations
+from tests.support.contract import checkpoint_iterations
 
 ROOT = Path(__file__).resolve().parents[2]
 

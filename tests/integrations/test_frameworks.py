@@ -10,7 +10,8 @@ import pytest
 import torch
 from ray import tune
 
-from tests.trainables.contract import KillActorOnce, checkpoint_iterations, run_actor, tensors_equal
+from tests.support.contract import KillActorOnce, checkpoint_iterations, run_actor, tensors_equal
+from tests.support.fit import fit
 from tunekit import CheckpointError, read_metadata, read_state, warm_start
 from tunekit.callbacks import CheckpointByStepsTaken
 
@@ -35,17 +36,8 @@ def framework(request):
 
 
 def _fit(trainable, storage, name, *, config, stop, callbacks=(), max_failures=0, **ckpt):
-    grid = tune.Tuner(
-        trainable,
-        param_space=config,
-        run_config=tune.RunConfig(
-            name=name, storage_path=str(storage), stop={"training_iteration": stop},
-            checkpoint_config=tune.CheckpointConfig(**ckpt), callbacks=list(callbacks),
-            failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0,
-        ),
-    ).fit()
-    assert not grid.errors, grid.errors
-    return grid[0]
+    return fit(trainable, storage, name, stop=stop, config=config, callbacks=callbacks, max_failures=max_failures,
+               **ckpt)[0]
 
 
 PLAIN = dict(checkpoint_frequency=2, checkpoint_at_end=True)

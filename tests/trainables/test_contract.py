@@ -10,7 +10,8 @@ import pytest
 import ray
 from ray import tune
 
-from tests.trainables.contract import (
+from tests.support.fit import fit
+from tests.support.contract import (
     DamageAndKill,
     DyingDigits,
     DyingTrainDigits,
@@ -37,22 +38,8 @@ def trainable(request):
 
 
 def _fit(trainable, storage, name, *, stop, config=None, callbacks=(), max_failures=0, errors_ok=False, **ckpt):
-    tuner = tune.Tuner(
-        trainable,
-        param_space=dict(config or CONFIG),
-        run_config=tune.RunConfig(
-            name=name,
-            storage_path=str(storage),
-            stop={"training_iteration": stop},
-            checkpoint_config=tune.CheckpointConfig(**ckpt),
-            failure_config=tune.FailureConfig(max_failures=max_failures),
-            callbacks=list(callbacks),
-            verbose=0,
-        ),
-    )
-    grid = tuner.fit()
-    assert errors_ok or not grid.errors, grid.errors
-    return grid
+    return fit(trainable, storage, name, stop=stop, config=config or CONFIG, callbacks=callbacks,
+               max_failures=max_failures, errors_ok=errors_ok, **ckpt)
 
 
 @pytest.mark.floor

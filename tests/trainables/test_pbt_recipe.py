@@ -6,7 +6,7 @@ import pytest
 import ray
 from ray import tune
 
-from tests.trainables.contract import DyingDigits, DyingTrainDigits
+from tests.support.contract import DyingDigits, DyingTrainDigits
 from tunekit import ConfigError, verify_checkpoint
 from tunekit.pbt import pbt_setup
 from tunekit.trainables import DigitsTrainable

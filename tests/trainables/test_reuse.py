@@ -15,7 +15,7 @@ import pytest
 import ray
 import torch
 
-from tests.trainables.contract import end_actor, make_actor, tensors_equal
+from tests.support.contract import end_actor, make_actor, tensors_equal
 from tunekit import TorchTrainable, read_state
 from tunekit.reuse import reusable_slot
 from tunekit.trainables import DigitsTrainable, TrainDigits

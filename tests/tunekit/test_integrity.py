@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.faults import FILES, delete_file, delete_manifest, flip_byte, half_copy, truncate
+from tests.support.faults import FILES, delete_file, delete_manifest, flip_byte, half_copy, truncate
 from tunekit import (
     CheckpointError,
     load_model,

@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from tests.faults import copy_experiment, flip_byte
+from tests.support.faults import copy_experiment, flip_byte
 from tunekit.analysis import best_checkpoint, load_best_model, load_results
 from tunekit.checkpoint import MANIFEST_FILE, METADATA_FILE, STATE_FILE, verify_checkpoint
 from tunekit.cli import main

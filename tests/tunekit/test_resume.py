@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.faults import flip_byte
+from tests.support.faults import flip_byte
 from tests.tunekit.kill_driver import OPTUNA_STOP, OPTUNA_TRIALS, STOP, make_tuner
 from tunekit import read_state, resolve_storage
 from tunekit.checkpoint import verify_checkpoint

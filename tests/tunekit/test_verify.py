@@ -9,7 +9,8 @@ import pytest
 from ray import tune
 
 from tests.conftest import S3_SECRET
-from tests.faults import delete_manifest, flip_byte
+from tests.support.faults import delete_manifest, flip_byte
+from tests.support.fit import fit
 from tests.tunekit.outage import S3Outage
 from tunekit import read_state, resolve_storage, verify_checkpoint, verify_experiment
 from tunekit.cli import main
@@ -20,18 +21,8 @@ CONFIG = {"hidden_size": 16, "batch_size": 32, "steps_per_iteration": 3, "checkp
 
 
 def _fit(base: str, name: str, *, stop: int = 3, callbacks=(), max_failures: int = 0):
-    return tune.Tuner(
-        DigitsTrainable,
-        param_space={**CONFIG, "seed": tune.grid_search([1, 2])},
-        run_config=tune.RunConfig(
-            name=name,
-            storage_path=base,
-            stop={"training_iteration": stop},
-            callbacks=list(callbacks),
-            failure_config=tune.FailureConfig(max_failures=max_failures),
-            verbose=0,
-        ),
-    ).fit()
+    return fit(DigitsTrainable, base, name, stop=stop, config={**CONFIG, "seed": tune.grid_search([1, 2])},
+               callbacks=callbacks, max_failures=max_failures, errors_ok=True)
 
 
 @pytest.fixture(params=["local", "s3"])

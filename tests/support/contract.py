@@ -16,7 +16,7 @@ import ray
 import torch
 from ray import tune
 
-from tests.faults import flip_byte
+from tests.support.faults import flip_byte
 from tunekit import function_trainable
 from tunekit.trainables import DigitsTrainable, train_digits
 

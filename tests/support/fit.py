@@ -1,0 +1,32 @@
+"""One way the suite runs a real ``tune.Tuner(...).fit()``."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from ray import tune
+
+
+def fit(trainable: Any, storage: Any, name: str, *, stop: int, config: dict[str, Any], callbacks: Iterable = (),
+        max_failures: int = 0, errors_ok: bool = False, tune_config: tune.TuneConfig | None = None,
+        **checkpoint: Any) -> tune.ResultGrid:
+    """Fit ``trainable`` on ``config`` for ``stop`` iterations into ``storage/name``; ``checkpoint``: ``CheckpointConfig``'s.
+
+    Asserts that no trial errored unless ``errors_ok``.
+    """
+    grid = tune.Tuner(
+        trainable,
+        param_space=dict(config),
+        tune_config=tune_config,
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=str(storage),
+            stop={"training_iteration": stop},
+            checkpoint_config=tune.CheckpointConfig(**checkpoint),
+            failure_config=tune.FailureConfig(max_failures=max_failures),
+            callbacks=list(callbacks),
+            verbose=0,
+        ),
+    ).fit()
+    assert errors_ok or not grid.errors, grid.errors
+    return grid
