@@ -62,6 +62,7 @@ __all__ = [
     "background_saves_enabled",
     "commit_checkpoint",
     "confirm_remote_upload",
+    "drain_writes",
     "lower_priority",
     "save_again",
     "save_in_place",
@@ -181,6 +182,11 @@ def save_trial_state(
 
 
 _WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-save", initializer=lower_priority)
+
+
+def drain_writes() -> None:
+    """Block until every two-phase write submitted in this process so far is complete (for tests and tools)."""
+    _WRITER.submit(lambda: None).result()
 
 
 def background_saves_enabled(trainable: tune.Trainable, default: bool = True) -> bool:

@@ -144,6 +144,12 @@ def die_once(config: dict[str, Any], upcoming: int) -> None:
     phase = config.get("die_in_write")
     if phase:
         import tunekit.checkpoint as checkpoint
+        from tunekit._saving import drain_writes
+
+        # An earlier checkpoint's write may still be in flight (its helper thread runs at a lower
+        # priority: on a loaded machine it can lag iterations behind); it completes first, so the
+        # hook below catches only writes from iteration ``at`` on (a CI run killed the first write).
+        drain_writes()
 
         wait_for_step = config.get("die_after_step", True)
 
