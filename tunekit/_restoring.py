@@ -49,6 +49,7 @@ from tunekit._trial_dir import (
     await_write,
     checkpoint_name_of,
     is_pinned,
+    remove_pin,
     staging_dirs,
     writer_alive,
 )
@@ -284,15 +285,10 @@ def _first_write_interrupted(checkpoint: tune.Checkpoint, trial_dir: str | None)
 
 def _release_pin(checkpoint: tune.Checkpoint, temps: list[str]) -> None:
     """A pin is read by one clone: a local one goes with the temporary directories, a remote one now (downloaded)."""
-    if not is_pinned(checkpoint.path):
-        return
-    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+    if is_pinned(checkpoint.path) and isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
         temps.append(checkpoint.path)
-        return
-    try:
-        checkpoint.filesystem.delete_dir(checkpoint.path)
-    except (OSError, FileNotFoundError):
-        pass
+    else:
+        remove_pin(checkpoint.filesystem, checkpoint.path)
 
 
 def remove_temps(temps: list[str]) -> None:

@@ -60,6 +60,7 @@ __all__ = [
     "leftovers",
     "link_tree",
     "pin_checkpoint",
+    "remove_pin",
     "stage_checkpoint",
     "staging_dirs",
     "tidy",
@@ -358,6 +359,12 @@ def _same_state(fs: pafs.FileSystem, parent: str, name: str, iteration: int | No
             except (CheckpointError, OSError):
                 continue  # being written, or deleted meanwhile
     return sorted(twins, reverse=True)
+
+
+def remove_pin(fs: pafs.FileSystem, path: str) -> None:
+    """Remove a pinned copy once its one reader has it (gone already is fine); other paths are left alone."""
+    if is_pinned(path):
+        _delete(fs, path)
 
 
 def _delete(fs: pafs.FileSystem, path: str) -> None:

@@ -141,24 +141,23 @@ def verify_experiment(
     return result
 
 
+#: Hidden copies of whole checkpoints (``tunekit._trial_dir.leftovers``' kinds) and what each is.
+_COPIES = {
+    "kept": "kept while a newer checkpoint was written",
+    "pinned": "a PBT donor's checkpoint pinned for a clone that has not read it yet (a paused trial's resume reads it)",
+    "damaged": "a damaged checkpoint's copy kept by tunekit resume",
+}
+
+
 def _leftover_checks(trial: Any) -> list[CheckpointCheck]:
     where = trial.location
     out = []
     for name, kind in leftovers(where.filesystem, where.path):
         location = Storage(where.filesystem, posixpath.join(where.path, name), f"{where.uri.rstrip('/')}/{name}")
-        if kind == "kept":
+        if kind in _COPIES:  # a whole checkpoint's copy: verified like any checkpoint
             report = verify_checkpoint(location)
             out.append(CheckpointCheck(trial.name, name, _iteration(location), report.status,
-                                       (*report.problems, "kept while a newer checkpoint was written")))
-        elif kind == "pinned":
-            report = verify_checkpoint(location)
-            out.append(CheckpointCheck(trial.name, name, _iteration(location), report.status,
-                                       (*report.problems, "a PBT donor's checkpoint pinned for a clone that has "
-                                        "not read it yet (a paused trial's resume reads it)")))
-        elif kind == "damaged":
-            report = verify_checkpoint(location)
-            out.append(CheckpointCheck(trial.name, name, _iteration(location), report.status,
-                                       (*report.problems, "a damaged checkpoint's copy kept by tunekit resume")))
+                                       (*report.problems, _COPIES[kind])))
         elif kind == "writing":
             out.append(CheckpointCheck(trial.name, name, None, "unverified",
                                        ("being written by a live process",)))
