@@ -198,7 +198,7 @@ def _fsynced_torch_save(sd: Any, path: str) -> None:
 
 
 def _save_restore_integrity(args: argparse.Namespace, root: str, which: set[str], gib: float) -> list[str]:
-    from tunekit._saving import save_trial_state, wait_for_durability
+    from tunekit._checkpointer import TrialContent
     from tunekit.checkpoint import verify_checkpoint
 
     trainable = _trainable(root, gib)
@@ -211,7 +211,7 @@ def _save_restore_integrity(args: argparse.Namespace, root: str, which: set[str]
     results, written = [], []
 
     def tk_save() -> None:  # what training waits for: the snapshot; the write runs on the helper thread
-        trainable._saved = None
+        trainable._checkpointer.reset()  # not a second save of one iteration (those are links)
         results.append(trainable.save())
         trainable.state.counters.iteration += 1
 
@@ -221,9 +221,9 @@ def _save_restore_integrity(args: argparse.Namespace, root: str, which: set[str]
         t0 = time.perf_counter()
         tk_save()
         blocked.append(time.perf_counter() - t0)
-        trainable._saves.wait()  # not timed: the next save would wait for it (one write in flight)
+        trainable._checkpointer.wait()  # not timed: the next save would wait for it (one write in flight)
         written.append(time.perf_counter() - t0)
-    wait_for_durability()
+    trainable._checkpointer.durability.wait()
     tk_block, tk_written = min(blocked), min(written)
     if "save" in which:
         lines += [
@@ -232,15 +232,14 @@ def _save_restore_integrity(args: argparse.Namespace, root: str, which: set[str]
             f"  ratio blocked / torch.save           {tk_block / raw_save:8.3f}x  (target <= 0.25x)",
             f"  the write, on the helper thread      {tk_written:8.2f} s until the checkpoint is complete "
             f"({tk_written / raw_save:.2f}x torch.save)",
-            f"  extra memory: the snapshot buffers   {trainable._saves.buffers.nbytes / GIB:8.2f} GiB "
-            f"({trainable._saves.buffers.nbytes / nbytes:.2f}x the tensors' bytes)",
+            f"  extra memory: the snapshot buffers   {trainable._checkpointer.saves.buffers.nbytes / GIB:8.2f} GiB "
+            f"({trainable._checkpointer.saves.buffers.nbytes / nbytes:.2f}x the tensors' bytes)",
         ]
         # Each durable write goes to a new file (deleting the old one is not timed, for either side).
         raw_times, tk_times = [], []
         for i in range(args.repeat):
             for times, write in ((raw_times, lambda d: _fsynced_torch_save(sd, os.path.join(d, "raw.pt"))),
-                                 (tk_times, lambda d: save_trial_state(d, trainable.state, config={}, mutable=(),
-                                                                       trainable="bench", durable=True))):
+                                 (tk_times, lambda d: TrialContent(trainable.state, {}, (), print, "bench").write(d, durable=True))):
                 directory = os.path.join(root, f"durable-{len(times)}-{id(times)}")
                 os.makedirs(directory)
                 _drop_caches_hint()

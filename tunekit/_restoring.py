@@ -3,12 +3,13 @@
 Implementation tier, shared by :class:`tunekit.TorchTrainable` and the function
 adapter (:func:`tunekit.function_trainable`).
 
-Call order a trainable follows on ``restore(checkpoint)``:
+Call order on ``restore(checkpoint)`` (followed by
+:meth:`tunekit._checkpointer.TrialCheckpointer.restore`, the one caller):
 
 1. wait for its own write in flight (:meth:`tunekit._saving.BackgroundSaves.wait`);
 2. :func:`local_request`: a local checkpoint is loaded and verified in one
-   pass (:func:`restore_trial_state`, which applies hyperparameters a PBT
-   exploit mutated); a local checkpoint still being written by a live
+   pass (:meth:`tunekit._checkpointer.TrialContent.load`, which applies
+   hyperparameters a PBT exploit mutated); a local checkpoint still being written by a live
    process (a PBT donor's) is waited for first
    (:func:`tunekit._trial_dir.await_write`, ``TUNEKIT_CHECKPOINT_WAIT_S``);
 3. otherwise, or when that finds damage, :func:`prepare_restore`: the
@@ -37,7 +38,7 @@ import os
 import posixpath
 import shutil
 import tempfile
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import pyarrow.fs as pafs
 from ray import tune
@@ -58,63 +59,19 @@ from tunekit.checkpoint import (
     CheckpointReport,
     is_foreign_checkpoint,
     read_metadata,
-    read_state,
     verify_checkpoint,
 )
 from tunekit.errors import CheckpointError, first_line
-from tunekit.hparams import changed_hyperparameters
-from tunekit.state import TrainingState
 
 __all__ = [
-    "checkpoint_metrics",
     "clone_in_worker",
     "local_request",
     "prepare_restore",
     "raise_failed_clone",
     "remove_temps",
-    "restore_trial_state",
 ]
 
 logger = logging.getLogger(__name__)
-
-
-def restore_trial_state(
-    directory: str | os.PathLike[str],
-    state: TrainingState,
-    *,
-    config: Mapping[str, Any],
-    mutable: tuple[str, ...],
-    apply: Callable[[dict[str, Any]], None],
-    verify: bool = True,
-) -> dict[str, Any]:
-    """Load a checkpoint into ``state``, then apply hyperparameters that changed.
-
-    A PBT exploit restores the donor's optimizer (with the donor's ``lr``) into
-    a trial whose config was just mutated; the mutated values win.
-
-    Returns:
-        The hyperparameters that differed from the checkpoint and were applied.
-    """
-    sd = read_state(directory, verify=verify)
-    state.load_state_dict(sd)
-    changed = changed_hyperparameters(sd.get("hparams") or {}, config, mutable)
-    if changed:
-        apply(changed)
-    return changed
-
-
-def checkpoint_metrics(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The metrics a checkpoint records (its iteration's), or None.
-
-    A trainable restored from a checkpoint takes them as its own until it
-    reports again, so a checkpoint saved before then (PBT saving a trial just
-    cloned) records the metrics of the state it holds, not none.
-    """
-    try:
-        metrics = read_metadata(os.fspath(directory)).get("metrics")
-    except CheckpointError:
-        return None
-    return dict(metrics) if isinstance(metrics, dict) and metrics else None
 
 
 def _as_training_result(checkpoint: Any) -> TrainingResult:

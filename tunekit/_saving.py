@@ -26,11 +26,13 @@ by a test that SIGKILLs the worker inside the write):
 * Nothing half-written is ever read: a checkpoint directory appears only by
   a rename, after its manifest.
 
-Call order a trainable follows: :meth:`BackgroundSaves.wait` before anything
-that needs its checkpoints on storage (restore, reset, stop); per save, one of
+Call order (followed by :class:`tunekit._checkpointer.TrialCheckpointer`, the
+one caller): :meth:`BackgroundSaves.wait` before anything that needs the
+trial's checkpoints on storage (restore, reset, stop); per save, one of
 :func:`save_again` (the iteration was saved already), :func:`save_snapshot`
 (two-phase), :func:`save_in_place` (written now) or Ray's own ``save`` then
-:func:`confirm_remote_upload`; :meth:`BackgroundSaves.close` at cleanup.
+:func:`confirm_remote_upload`; :meth:`BackgroundSaves.close` at cleanup. Every
+local write is fsynced through the trial's :class:`Durability`.
 
 Tested in ``tests/tunekit/test_two_phase.py`` and ``tests/tunekit/test_integrity.py`` (workers
 SIGKILLed inside each phase of a write).
@@ -44,7 +46,7 @@ import shutil
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import pyarrow.fs as pafs
 from ray import tune
@@ -53,12 +55,12 @@ from tunekit import _env, _ray
 from tunekit._ray import TrainingResult
 from tunekit._trial_dir import CHECKPOINT_DIR, keep_newest_complete, link_tree, stage_checkpoint, tidy
 from tunekit.checkpoint import confirm_upload, fsync_paths, write_checkpoint
-from tunekit.device import trial_device
 from tunekit.errors import CheckpointError, first_line
-from tunekit.state import StateBuffers, TrainingState
+from tunekit.state import StateBuffers
 
 __all__ = [
     "BackgroundSaves",
+    "Durability",
     "background_saves_enabled",
     "commit_checkpoint",
     "confirm_remote_upload",
@@ -67,11 +69,7 @@ __all__ = [
     "save_again",
     "save_in_place",
     "save_snapshot",
-    "save_trial_state",
-    "sync_in_background",
     "trainable_spec",
-    "trial_payload",
-    "wait_for_durability",
 ]
 
 logger = logging.getLogger(__name__)
@@ -91,32 +89,35 @@ def lower_priority() -> None:
 
 
 _SYNCER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-fsync", initializer=lower_priority)
-_pending_syncs: list[Future] = []
-_pending_lock = threading.Lock()
 
 
-def wait_for_durability() -> None:
-    """Block until every checkpoint written with ``durable="background"`` is on disk.
+class Durability:
+    """One trial's checkpoints written with ``durable=False``, on their way to the disk.
 
-    Raises the first fsync error met (a checkpoint not made durable).
+    :meth:`sync` fsyncs a checkpoint directory (its files, itself, its parent)
+    on a helper thread while training goes on; :meth:`wait` blocks until all
+    of them are on disk. Each trial (its :class:`tunekit._checkpointer.TrialCheckpointer`)
+    owns one, so waiting concerns that trial's checkpoints only.
     """
-    with _pending_lock:
-        pending, _pending_syncs[:] = list(_pending_syncs), []
-    for future in pending:
-        future.result()
 
+    def __init__(self) -> None:
+        self._pending: list[Future] = []
+        self._lock = threading.Lock()
 
-def sync_in_background(directory: str | os.PathLike[str]) -> None:
-    """fsync a checkpoint directory (its files, itself, its parent) on a helper thread.
+    def sync(self, directory: str | os.PathLike[str]) -> None:
+        """fsync ``directory`` (written with ``durable=False``) on the helper thread."""
+        path = Path(directory)
+        paths = sorted(p for p in path.rglob("*") if p.is_file()) + [path, path.parent]
+        with self._lock:
+            self._pending[:] = [f for f in self._pending if not f.done() or f.exception()]
+            self._pending.append(_SYNCER.submit(fsync_paths, paths))
 
-    For checkpoints written with ``durable=False``; :func:`wait_for_durability`
-    waits until it is done.
-    """
-    path = Path(directory)
-    paths = sorted(p for p in path.rglob("*") if p.is_file()) + [path, path.parent]
-    with _pending_lock:
-        _pending_syncs[:] = [f for f in _pending_syncs if not f.done() or f.exception()]
-        _pending_syncs.append(_SYNCER.submit(fsync_paths, paths))
+    def wait(self) -> None:
+        """Block until every directory given to :meth:`sync` is on disk; raise the first fsync error."""
+        with self._lock:
+            pending, self._pending[:] = list(self._pending), []
+        for future in pending:
+            future.result()
 
 
 def trainable_spec(cls: type) -> str:
@@ -130,55 +131,6 @@ def trainable_spec(cls: type) -> str:
         if not klass.__module__.startswith("ray."):
             return f"{klass.__module__}:{klass.__qualname__}"
     return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def trial_payload(
-    state: TrainingState,
-    *,
-    config: Mapping[str, Any],
-    mutable: tuple[str, ...],
-    trainable: str,
-    metrics: Mapping[str, Any] | None = None,
-    into: StateBuffers | None = None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """What a checkpoint of ``state`` holds: ``(state dict, metadata)``.
-
-    ``into``: snapshot the tensors into these reused buffers (two-phase save).
-    """
-    sd = state.state_dict(into=into)
-    hparams = {k: config[k] for k in mutable if k in config}
-    sd["hparams"] = hparams
-    metadata = {
-        "iteration": state.counters.iteration,
-        "epoch": state.counters.epoch,
-        "trainable": trainable,
-        "config": dict(config),
-        "hparams": hparams,
-        "device": str(trial_device()),
-        "models": sorted(state.models),
-        "metrics": dict(metrics or {}),
-    }
-    return sd, metadata
-
-
-def save_trial_state(
-    directory: str | os.PathLike[str],
-    state: TrainingState,
-    *,
-    config: Mapping[str, Any],
-    mutable: tuple[str, ...],
-    trainable: str,
-    metrics: Mapping[str, Any] | None = None,
-    durable: bool = True,
-) -> None:
-    """Write ``state`` plus the trial's current mutable hyperparameters.
-
-    ``metrics``: the reported metrics of the iteration saved, kept in the
-    metadata so the checkpoint says how good it is without ``result.json``.
-    ``durable=False``: see :func:`tunekit.checkpoint.write_checkpoint`.
-    """
-    sd, metadata = trial_payload(state, config=config, mutable=mutable, trainable=trainable, metrics=metrics)
-    write_checkpoint(directory, sd, metadata=metadata, durable=durable)
 
 
 _WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-save", initializer=lower_priority)
@@ -240,7 +192,11 @@ class BackgroundSaves:
 
 
 def save_in_place(
-    trainable: tune.Trainable, write: Callable[[str], None], *, background: BackgroundSaves | None = None
+    trainable: tune.Trainable,
+    write: Callable[[str], None],
+    *,
+    durability: Durability,
+    background: BackgroundSaves | None = None,
 ) -> TrainingResult | None:
     """Save a class trainable's checkpoint straight into local storage.
 
@@ -249,7 +205,7 @@ def save_in_place(
     ``write(directory)`` writes into a hidden directory beside the final one,
     which is then renamed into place: the bytes are written once, not written
     to a temporary directory and copied. The files reach the disk on a
-    helper thread (:func:`sync_in_background`) while
+    helper thread (``durability``, :meth:`Durability.sync`) while
     training goes on.
 
     ``background``: run ``write`` (which must write a snapshot, not live
@@ -267,11 +223,11 @@ def save_in_place(
     final, metrics = target
     staging = stage_checkpoint(final)
     if background is None:
-        commit_checkpoint(staging, final, write)
+        commit_checkpoint(staging, final, write, durability)
     else:
         background.wait()  # one write in flight; its tidying done before anything is kept
         keep_newest_complete(final)  # nothing to keep before the trial's first: see the module docstring
-        background.submit(final, lambda: commit_checkpoint(staging, final, write))
+        background.submit(final, lambda: commit_checkpoint(staging, final, write, durability))
     return _ray.publish_local_checkpoint(trainable, final, metrics)
 
 
@@ -279,10 +235,13 @@ def save_snapshot(
     trainable: tune.Trainable,
     saves: BackgroundSaves,
     payload: Callable[[StateBuffers], tuple[dict[str, Any], dict[str, Any]]],
+    *,
+    durability: Durability,
 ) -> TrainingResult | None:
     """A two-phase save: ``payload(buffers)`` snapshots the state now; the helper thread writes it.
 
-    ``payload`` returns ``(state dict, metadata)`` as :func:`trial_payload` does, its
+    ``payload`` returns ``(state dict, metadata)`` as
+    :meth:`tunekit._checkpointer.TrialContent.payload` does, its
     tensors copied into ``buffers`` (reused from save to save, so the write
     before must be complete first). Returns what :func:`save_in_place` returns.
     """
@@ -293,10 +252,10 @@ def save_snapshot(
         saves.buffers.wait_copied()
         write_checkpoint(directory, sd, metadata=metadata, durable=False)
 
-    return save_in_place(trainable, write, background=saves)
+    return save_in_place(trainable, write, durability=durability, background=saves)
 
 
-def commit_checkpoint(staging: str, final: str, write: Callable[[str], None]) -> None:
+def commit_checkpoint(staging: str, final: str, write: Callable[[str], None], durability: Durability) -> None:
     """Write into ``staging``, rename it to ``final``, fsync in the background, tidy the trial directory."""
     try:
         write(staging)
@@ -306,13 +265,13 @@ def commit_checkpoint(staging: str, final: str, write: Callable[[str], None]) ->
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    sync_in_background(final)
+    durability.sync(final)
     parent, name = os.path.split(final)
     if match := CHECKPOINT_DIR.match(name):
         tidy(parent, int(match[1]))
 
 
-def save_again(trainable: tune.Trainable, previous: Any) -> TrainingResult | None:
+def save_again(trainable: tune.Trainable, previous: Any, *, durability: Durability) -> TrainingResult | None:
     """A second checkpoint of a state saved already, as hard links to the first one's files.
 
     Tune may save one iteration twice (PBT's save and ``checkpoint_frequency``
@@ -333,7 +292,7 @@ def save_again(trainable: tune.Trainable, previous: Any) -> TrainingResult | Non
     source = getattr(getattr(previous, "checkpoint", None), "path", None)
     if not source or not os.path.isdir(source):
         return None
-    return save_in_place(trainable, lambda staging: link_tree(source, staging))
+    return save_in_place(trainable, lambda staging: link_tree(source, staging), durability=durability)
 
 
 def confirm_remote_upload(result: Any) -> None:

@@ -196,7 +196,7 @@ def write_checkpoint(
         durable: True fsyncs every file before the manifest and the manifest
             before returning. False returns once the files are written (in
             the page cache: safe from a killed process, not from a power
-            loss); pass the directory to :func:`sync_in_background` once it
+            loss); pass the directory to ``Durability.sync`` (:mod:`tunekit._saving`) once it
             is where it stays, so training goes on while it reaches the disk.
             A power loss in between can only leave a checkpoint that
             verification reports as damaged (the manifest holds every file's

@@ -40,10 +40,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import logging
 import shutil
 import tempfile
-import threading
 from typing import Any, Callable, Mapping
 
 from ray import tune
@@ -51,35 +49,25 @@ from ray.tune.result import RESULT_DUPLICATE
 from typing_extensions import override
 
 from tunekit import _ray
-from tunekit.errors import CheckpointError, ConfigError, ConfigTypeError
+from tunekit._checkpointer import TrialCheckpointer, TrialContent
+from tunekit._restoring import raise_failed_clone
+from tunekit._trial_dir import unpinned
+from tunekit.errors import ConfigError, ConfigTypeError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.state import TrainingState
-from tunekit._trial_dir import unpinned
-from tunekit._restoring import (
-    checkpoint_metrics,
-    clone_in_worker,
-    prepare_restore,
-    raise_failed_clone,
-    remove_temps,
-    restore_trial_state,
-)
-from tunekit._saving import (
-    BackgroundSaves,
-    background_saves_enabled,
-    confirm_remote_upload,
-    save_again,
-    save_in_place,
-    save_snapshot,
-    save_trial_state,
-    trial_payload,
-)
-from tunekit.warm import apply_warm_start
 
 __all__ = ["FunctionSession", "function_trainable"]
 
-logger = logging.getLogger(__name__)
+#: The adapter of each trial whose training function runs in this process, by trial id: a
+#: :class:`FunctionSession` made by that function attaches itself to it (:meth:`_CheckpointingFunctionTrainable.attach`).
+_RUNNING: dict[str, "_CheckpointingFunctionTrainable"] = {}
 
-_current = threading.local()
+
+def _running_adapter() -> "_CheckpointingFunctionTrainable | None":
+    """The adapter running the training function that calls this, if any (by Tune's trial id)."""
+    if not _RUNNING:  # not inside a wrapped function (plain Ray, a test): don't ask Tune
+        return None
+    return _RUNNING.get(tune.get_context().get_trial_id())
 
 
 class FunctionSession:
@@ -125,37 +113,32 @@ class FunctionSession:
         self.state = state
         self.config = dict(config or {})
         self.mutable = tuple(mutable)
-        self._apply = apply or self._default_apply
-        adapter = getattr(_current, "adapter", None)
+        adapter = _running_adapter()
         if name is None:
-            fn = getattr(type(adapter), "_train_fn", None) if adapter is not None else None
+            fn = type(adapter)._train_fn if adapter is not None else None
             name = f"{fn.__module__}:{fn.__qualname__}" if fn is not None else "function"
         self.name = name
+        self.content = TrialContent(state, self.config, self.mutable, apply or self._default_apply, name)
         self.restored_from: str | None = None
-        self._metrics: dict[str, Any] | None = None
         checkpoint = tune.get_checkpoint()
         if checkpoint is not None:
-            # The adapter verified what it handed over (prepare_restore): load it in one pass.
-            verified = getattr(adapter, "_tunekit_verified", None)
-            with checkpoint.as_directory() as directory:
-                restore_trial_state(
-                    directory, state, config=self.config, mutable=self.mutable, apply=self._apply,
-                    verify=verified is None or verified != checkpoint.path,
-                )
-                self._metrics = checkpoint_metrics(directory)
-            self.restored_from = unpinned(checkpoint.path)  # a PBT donor's: its checkpoint, not the pin read
-            if adapter is not None:  # loaded: its temporary copies (a pinned donor's too) can go
-                remove_temps(adapter._tunekit_temps or [])
+            self._restore(checkpoint, adapter)
         else:
             # A warm start in the trial's config (tunekit.warm_start), when not restoring.
-            trial_config = getattr(adapter, "config", None) or {}
-            spec = {**trial_config, **self.config}
-            started = apply_warm_start(state, spec, mutable=self.mutable, apply=self._apply)
+            started = self.content.warm_start({**(getattr(adapter, "config", None) or {}), **self.config})
             if started and adapter is not None:
                 _ray.set_iteration(adapter, started)  # Ray's counter goes on from the checkpoint's iteration
         if adapter is not None:
-            adapter._tunekit_saver = self.save
-            adapter._tunekit_payload = self.payload
+            adapter.attach(self)
+
+    def _restore(self, checkpoint: tune.Checkpoint, adapter: Any) -> None:
+        """Load what Tune hands back: the adapter verified it already (``prepare_restore``), so in one pass."""
+        with checkpoint.as_directory() as directory:
+            verify = adapter is None or adapter.checkpointer.must_verify(checkpoint.path)
+            self.content.load(directory, verify=verify)
+        self.restored_from = unpinned(checkpoint.path)  # a PBT donor's: its checkpoint, not the pin read
+        if adapter is not None:  # loaded: its temporary copies (a pinned donor's too) can go
+            adapter.checkpointer.loaded()
 
     def _default_apply(self, changed: dict[str, Any]) -> None:
         unhandled = apply_hyperparameters(self.state, changed)
@@ -175,20 +158,11 @@ class FunctionSession:
 
         ``durable=False``: see :func:`tunekit.checkpoint.write_checkpoint`.
         """
-        save_trial_state(
-            directory,
-            self.state,
-            config=self.config,
-            mutable=self.mutable,
-            trainable=self.name,
-            metrics=self._metrics,
-            durable=durable,
-        )
+        self.content.write(directory, durable=durable)
 
     def payload(self, into: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """``(state dict, metadata)`` of a checkpoint of the current state (``into``: snapshot buffers)."""
-        return trial_payload(self.state, config=self.config, mutable=self.mutable, trainable=self.name,
-                             metrics=self._metrics, into=into)
+        return self.content.payload(into=into)
 
     def report(self, metrics: dict[str, Any], *, checkpoint: bool = False) -> None:
         """Count one iteration and report ``metrics`` to Tune.
@@ -198,7 +172,7 @@ class FunctionSession:
             checkpoint: Write a checkpoint of this iteration and report it.
         """
         self.state.counters.iteration += 1
-        self._metrics = dict(metrics)  # what the trial reported, before Ray adds its fields
+        self.content.metrics = dict(metrics)  # what the trial reported, before Ray adds its fields
         if not checkpoint:
             tune.report(metrics)
             return
@@ -223,18 +197,28 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
 
     _train_fn: Callable[[dict[str, Any]], Any]
 
-    _tunekit_saver: Callable[..., None] | None = None
-    _tunekit_payload: Callable[..., tuple[dict[str, Any], dict[str, Any]]] | None = None
-    _tunekit_saves: BackgroundSaves | None = None
-    _tunekit_saved: tuple[int, Any] | None = None
-    _tunekit_verified: str | None = None  # the checkpoint restore() verified (loaded without a second pass)
+    #: The running training function's session, once it made one (it attaches itself).
+    _session: FunctionSession | None = None
+
+    @property
+    def checkpointer(self) -> TrialCheckpointer:
+        """This trial's :class:`~tunekit._checkpointer.TrialCheckpointer`."""
+        checkpointer = self.__dict__.get("_tunekit_checkpointer")
+        if checkpointer is None:
+            checkpointer = self.__dict__["_tunekit_checkpointer"] = TrialCheckpointer(self)
+        return checkpointer
+
+    def attach(self, session: FunctionSession) -> None:
+        """The training function's session registers: saves now write its state."""
+        self._session = session
 
     def _trainable_func(self, config: dict[str, Any]) -> Any:
-        _current.adapter = self
+        trial_id = self.trial_id
+        _RUNNING[trial_id] = self
         try:
             output = type(self)._train_fn(config)
         finally:
-            _current.adapter = None
+            _RUNNING.pop(trial_id, None)
         if isinstance(output, dict) and output:
             _ray.session_report(output)
         _ray.session_report({RESULT_DUPLICATE: True})
@@ -242,56 +226,29 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
 
     @override
     def save(self, checkpoint_dir: str | None = None) -> Any:
-        metrics = _ray.last_result(self)
         reported = _ray.last_reported(self)
-        self._wait_for_saves()
-        if (
-            self._tunekit_saved is not None
-            and self._tunekit_saved[0] == self.iteration
-            and (result := save_again(self, self._tunekit_saved[1])) is not None
-        ):
-            pass  # saved already at this iteration: links, no rewrite (see save_again)
-        elif reported is not None and reported.checkpoint is not None:
-            reported.metrics.update(metrics)
-            result = reported
-        elif self._tunekit_payload is not None and not checkpoint_dir and background_saves_enabled(self) and (
-            (result := self._save_in_background()) is not None
-        ):
-            pass  # two-phase: a snapshot now, written on the helper thread
-        elif self._tunekit_saver is not None and not checkpoint_dir and (
-            (result := save_in_place(self, lambda d: self._tunekit_saver(d, durable=False))) is not None
-        ):
-            pass  # written once, straight into local storage
-        elif self._tunekit_saver is not None:
-            directory = checkpoint_dir or tempfile.mkdtemp(prefix="tunekit-ckpt-")
-            try:
-                self._tunekit_saver(directory)
-                result = _ray.report_checkpoint_dir(self, directory)
-                confirm_remote_upload(result)
-            finally:
-                if not checkpoint_dir and _ray.trainable_storage(self):
-                    shutil.rmtree(directory, ignore_errors=True)
+        if reported is not None and reported.checkpoint is not None:
+            reported.metrics.update(_ray.last_result(self))  # the training code's own checkpoint
         else:
-            return _ray.TrainingResult(checkpoint=None, metrics=metrics)
-        self._tunekit_saved = (self.iteration, result)
-        return result
+            reported = None
+        content = self._session.content if self._session is not None else None
+        return self.checkpointer.save(content, checkpoint_dir, fallback=self._save_elsewhere, reported=reported)
 
-    def _save_in_background(self) -> Any:
-        if self._tunekit_saves is None:
-            self._tunekit_saves = BackgroundSaves()
-        payload = self._tunekit_payload
-        # The training function is paused at its report: the state is consistent.
-        return save_snapshot(self, self._tunekit_saves, lambda buffers: payload(into=buffers))
-
-    def _wait_for_saves(self) -> None:
-        if self._tunekit_saves is not None:
-            self._tunekit_saves.wait()
-
-    _tunekit_temps: list[str] | None = None
+    def _save_elsewhere(self, checkpoint_dir: str | None) -> Any:
+        """Into a directory Ray named, or written to a temporary one that Ray uploads."""
+        if self._session is None:  # the function has not made its session yet: nothing to save
+            return _ray.TrainingResult(checkpoint=None, metrics=_ray.last_result(self))
+        directory = checkpoint_dir or tempfile.mkdtemp(prefix="tunekit-ckpt-")
+        try:
+            self._session.save(directory)
+            return _ray.report_checkpoint_dir(self, directory)
+        finally:
+            if not checkpoint_dir and _ray.trainable_storage(self):
+                shutil.rmtree(directory, ignore_errors=True)
 
     def tunekit_clone(self, config: dict[str, Any], checkpoint: Any, storage: Any) -> None:
         """A PBT exploit in this worker (tunekit's scheduler): reset to ``config``, then restore ``checkpoint``."""
-        clone_in_worker(self, config, checkpoint, storage)
+        self.checkpointer.clone(config, checkpoint, storage)
 
     @override
     def train(self) -> dict[str, Any]:
@@ -301,39 +258,26 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
     @override
     def restore(self, checkpoint_path: Any) -> None:
         # Verified (falling back to the trial's newest good checkpoint) and
-        # local; the session reads it when the training function starts.
-        self._wait_for_saves()
-        remove_temps(self._tunekit_temps or [])
-        result, self._tunekit_temps = prepare_restore(checkpoint_path, trial_dir=_ray.local_trial_dir(self))
-        self._tunekit_saved = None
-        if result is None:  # the trial's first checkpoint never completed: start afresh
-            _ray.set_restored(self, {})
-            return
-        self._tunekit_verified = result.checkpoint.path
+        # local; the session loads it when the training function starts.
+        self.checkpointer.restore(checkpoint_path, load=self._hand_to_session,
+                                  afresh=lambda: _ray.set_restored(self, {}))
+
+    def _hand_to_session(self, result: Any) -> None:
         _ray.set_restored(self, result.metrics)
         _ray.give_session_checkpoint(result.checkpoint)
 
     @override
     def cleanup(self) -> None:
         _ray.function_runner_cleanup(self)
-        if self._tunekit_saves is not None:
-            self._tunekit_saves.close()
-            self._tunekit_saves = None
-        remove_temps(self._tunekit_temps or [])
+        self.checkpointer.close()
 
     @override
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         # The training function runs again from the start on the new config;
         # objects it declared with tunekit.reusable() stay if their keys match.
         # The previous trial's checkpoint write completes first.
-        try:
-            self._wait_for_saves()
-        except CheckpointError as exc:  # the previous trial's; it falls back to its kept checkpoint
-            logger.error("tunekit: %s", exc)
-        self._tunekit_saver = None
-        self._tunekit_payload = None
-        self._tunekit_saved = None
-        self._tunekit_verified = None
+        self.checkpointer.reset()
+        self._session = None
         _ray.clear_last_reported(self)
         return _ray.function_runner_reset(self, new_config)
 

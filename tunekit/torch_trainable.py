@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import os
 from abc import abstractmethod
 from typing import Any, ClassVar
 
@@ -13,36 +11,17 @@ from typing_extensions import override
 
 from tunekit import _ray
 from tunekit.device import allocated_bytes, release_memory, trial_device
-from tunekit.errors import CheckpointError, ConfigError, ConfigTypeError
+from tunekit.errors import ConfigError, ConfigTypeError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.reuse import ReusableSlot, reusable_key
 from tunekit.rng import seed_everything
 from tunekit.state import TrainingState
-from tunekit._restoring import (
-    checkpoint_metrics,
-    clone_in_worker,
-    local_request,
-    prepare_restore,
-    raise_failed_clone,
-    remove_temps,
-    restore_trial_state,
-)
-from tunekit._saving import (
-    BackgroundSaves,
-    background_saves_enabled,
-    confirm_remote_upload,
-    save_again,
-    save_in_place,
-    save_snapshot,
-    save_trial_state,
-    trainable_spec,
-    trial_payload,
-)
-from tunekit.warm import apply_warm_start
+from tunekit._checkpointer import TrialCheckpointer, TrialContent
+from tunekit._restoring import raise_failed_clone
+from tunekit._saving import trainable_spec
 
 __all__ = ["TorchTrainable"]
 
-logger = logging.getLogger(__name__)
 
 
 class TorchTrainable(tune.Trainable):
@@ -159,10 +138,10 @@ class TorchTrainable(tune.Trainable):
                 f"got {type(state).__name__}"
             )
         self.state = state
-        self._saved: tuple[int, Any] | None = None
+        self._content = TrialContent(state, config, self.mutable(), self.apply_hyperparameters,
+                                     trainable_spec(type(self)))
         # A warm start (config[WARM_START_KEY]) shapes the start; Tune's restore, if any, comes after.
-        started = apply_warm_start(state, config, mutable=self.mutable(), apply=self.apply_hyperparameters)
-        self._align_iteration = bool(started)
+        self._align_iteration = bool(self._content.warm_start(config))
 
     #: After a warm start that continues from iteration N: report N+1 next (Ray's counter starts at 0).
     _align_iteration = False
@@ -180,90 +159,45 @@ class TorchTrainable(tune.Trainable):
         if self._align_iteration:
             self._align_iteration = False
             _ray.set_iteration(self, self.state.counters.iteration - 1)  # Ray adds the 1
-        self._metrics = dict(metrics)  # what the trial reported, before Ray adds its fields
+        self._content.metrics = dict(metrics)  # what the trial reported, before Ray adds its fields
         return metrics
 
-    _metrics: dict[str, Any] | None = None
+    _content: TrialContent
 
     @property
-    def _saves(self) -> BackgroundSaves:
-        saves = self.__dict__.get("_background")
-        if saves is None:
-            saves = self.__dict__["_background"] = BackgroundSaves()
-        return saves
-
-    def _wait_for_saves(self) -> None:
-        if "_background" in self.__dict__:
-            self._saves.wait()
+    def _checkpointer(self) -> TrialCheckpointer:
+        checkpointer = self.__dict__.get("_tunekit_checkpointer")
+        if checkpointer is None:
+            checkpointer = TrialCheckpointer(self, background=type(self).background_saves)
+            self.__dict__["_tunekit_checkpointer"] = checkpointer
+        return checkpointer
 
     @override
     def save(self, checkpoint_dir: str | None = None) -> Any:
-        result = None
-        if not checkpoint_dir and self._saved is not None and self._saved[0] == self.iteration:
-            self._wait_for_saves()
-            result = save_again(self, self._saved[1])  # saved already at this iteration: links, no rewrite
-        if result is None and not checkpoint_dir and background_saves_enabled(self, type(self).background_saves):
-            result = save_snapshot(self, self._saves, lambda buffers: trial_payload(
-                self.state, config=self.config, mutable=self.mutable(),
-                trainable=trainable_spec(type(self)), metrics=self._metrics,
-                into=buffers,
-            ))
-        elif result is None and not checkpoint_dir:  # into local storage: write once, in place
-            self._durable = False
-            try:
-                result = save_in_place(self, self.save_checkpoint)
-            finally:
-                self._durable = True
-        if result is None:
-            result = super().save(checkpoint_dir)
-            confirm_remote_upload(result)
-        self._saved = (self.iteration, result)
-        return result
-
-    _durable = True
+        return self._checkpointer.save(self._content, checkpoint_dir, fallback=super().save)
 
     @override
     def save_checkpoint(self, checkpoint_dir: str) -> str:
-        save_trial_state(
-            checkpoint_dir,
-            self.state,
-            config=self.config,
-            mutable=self.mutable(),
-            trainable=trainable_spec(type(self)),
-            metrics=self._metrics,
-            durable=self._durable,
-        )
+        self._content.write(checkpoint_dir)
         return checkpoint_dir
 
     @override
     def restore(self, checkpoint_path: Any) -> None:
-        self._wait_for_saves()  # it may be this worker's own write in flight
-        # A local checkpoint is verified while it loads (one pass over the bytes).
-        request = local_request(checkpoint_path)
-        if request is not None:
-            try:
-                return super().restore(request)
-            except CheckpointError:
-                pass  # damaged: find what to restore instead, below
-        # Verify first, falling back to the trial's newest good checkpoint.
-        result, temps = prepare_restore(checkpoint_path, trial_dir=_ray.local_trial_dir(self))
-        if result is None:  # the trial's first checkpoint never completed: start afresh
-            self.__dict__.pop("state", None)
-            self._init_state(self.config)  # forgets what was saved, too
-            _ray.set_restored(self, {})
-            return None
         try:
-            self._verified = result.checkpoint.path
-            super().restore(result)
+            self._checkpointer.restore(checkpoint_path, load=super().restore, afresh=self._start_afresh,
+                                       direct=super().restore)
         finally:
-            self._verified = None
-            remove_temps(temps)
+            self._checkpointer.loaded()
 
-    _verified: str | None = None
+    def _start_afresh(self) -> None:
+        """The trial's first checkpoint never completed: build the state anew, as if never saved."""
+        self.__dict__.pop("state", None)
+        self._init_state(self.config)
+        _ray.set_restored(self, {})
 
     def tunekit_clone(self, config: dict[str, Any], checkpoint: Any, storage: Any) -> None:
         """A PBT exploit in this worker (tunekit's scheduler): reset to ``config``, then restore ``checkpoint``."""
-        clone_in_worker(self, config, checkpoint, storage)
+        self._checkpointer.clone(config, checkpoint, storage)
 
     @override
     def load_checkpoint(self, checkpoint: Any) -> None:
@@ -272,16 +206,7 @@ class TorchTrainable(tune.Trainable):
                 f"{type(self).__name__}.load_checkpoint(): expected a checkpoint "
                 f"directory, got {type(checkpoint).__name__}"
             )
-        restore_trial_state(
-            checkpoint,
-            self.state,
-            config=self.config,
-            mutable=self.mutable(),
-            apply=self.apply_hyperparameters,
-            verify=os.path.abspath(checkpoint) != os.path.abspath(self._verified or ""),
-        )
-        self._saved = None
-        self._metrics = checkpoint_metrics(checkpoint)  # what a save before the next step records
+        self._content.load(checkpoint, verify=self._checkpointer.must_verify(checkpoint))
 
     @property
     def _reusable_slot(self) -> ReusableSlot:
@@ -298,12 +223,8 @@ class TorchTrainable(tune.Trainable):
         # objects (kept only if their keys are unchanged) and the save buffers
         # (overwritten whole by the next save): rebuild the state. The
         # previous trial's checkpoint write completes first.
-        try:
-            self._wait_for_saves()
-        except CheckpointError as exc:  # the previous trial's; it falls back to its kept checkpoint
-            logger.error("tunekit: %s", exc)
+        self._checkpointer.reset()
         self.__dict__.pop("state", None)
-        self._metrics = None
         owner = f"{type(self).__name__}.reusable_keys"
         if self._reusable_slot.key != reusable_key(new_config, type(self).reusable_keys, owner=owner):
             self._reusable_slot.clear()
@@ -315,12 +236,9 @@ class TorchTrainable(tune.Trainable):
 
     @override
     def cleanup(self) -> None:
-        # The checkpoint write in flight completes (Tune gives a stopping
-        # worker minutes); no wait for background fsyncs: the checkpoint is
-        # complete in the page cache and registered already; the fsync only
-        # narrows the window in which a machine crash could lose it.
-        if "_background" in self.__dict__:
-            self.__dict__.pop("_background").close()
+        # The checkpoint write in flight completes (Tune gives a stopping worker minutes).
+        if "_tunekit_checkpointer" in self.__dict__:
+            self.__dict__.pop("_tunekit_checkpointer").close()
         self.__dict__.pop("state", None)
         self._reusable_slot.clear()
         self.reusable = None

@@ -158,15 +158,16 @@ def test_confirm_upload_catches_a_checkpoint_that_did_not_arrive_whole(fault, pr
 
 def test_checkpoint_written_for_background_sync_is_good_and_hashes_match_the_files(tmp_path):
     """durable=False: the streamed hashes are those of the bytes on disk; fsync later."""
-    from tunekit._saving import sync_in_background, wait_for_durability
+    from tunekit._saving import Durability
 
     state = build_digits_state({"seed": 4, "hidden_size": 16}, torch.device("cpu"))
     train_steps(state, 3)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "user.txt").write_text("rides along")  # a user file is listed too
     directory = write_checkpoint(tmp_path / "ckpt", state.state_dict(), metadata={"iteration": 3}, durable=False)
-    sync_in_background(directory)
-    wait_for_durability()
+    durability = Durability()
+    durability.sync(directory)
+    durability.wait()
     report = verify_checkpoint(str(directory))
     assert report.status == "good", report.problems
     flip_byte(pafs.LocalFileSystem(), str(directory), "user.txt")

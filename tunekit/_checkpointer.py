@@ -1,0 +1,275 @@
+"""One trial's checkpointing, shared by both trainables: :class:`TrialCheckpointer` and :class:`TrialContent`.
+
+Implementation tier. :class:`tunekit.TorchTrainable` and the function adapter
+(:func:`tunekit.function_trainable`) each own one :class:`TrialCheckpointer`
+and supply only what differs between them: the :class:`TrialContent` to save
+(what the trial's checkpoint holds), how a restored checkpoint reaches the
+trial (loaded at once, or handed to the training function's session), and
+how to save where tunekit does not write in place (remote storage).
+
+Call order a trainable follows (Ray's ``Trainable`` method on the left):
+
+* ``save``: :meth:`TrialCheckpointer.save`. It waits for the write in flight,
+  then takes the first of: a second save of an iteration saved already (hard
+  links, :func:`tunekit._saving.save_again`); a checkpoint the training code
+  reported itself; a two-phase save (:func:`tunekit._saving.save_snapshot`);
+  a write in place into local storage (:func:`tunekit._saving.save_in_place`);
+  the trainable's ``fallback`` (remote storage), whose upload is confirmed.
+* ``restore``: :meth:`TrialCheckpointer.restore`, then
+  :meth:`TrialCheckpointer.loaded` once the state is loaded. A local
+  checkpoint may be loaded ``direct``-ly, verified while it loads
+  (:meth:`TrialContent.load` with :meth:`TrialCheckpointer.must_verify`); any
+  other, or a damaged one, is resolved by :func:`tunekit._restoring.prepare_restore`
+  (verified, falling back to the trial's newest good checkpoint) and given to
+  ``load``; a trial whose first write never completed starts ``afresh``.
+* a PBT exploit in the worker (``tunekit_clone``): :meth:`TrialCheckpointer.clone`.
+* ``reset_config``: :meth:`TrialCheckpointer.reset` before the new trial's state is built.
+* ``cleanup``: :meth:`TrialCheckpointer.close`.
+
+Tested through both trainables in ``tests/trainables/test_contract.py`` (bit-exact
+resume), ``tests/tunekit/test_two_phase.py`` and ``tests/tunekit/test_checkpointer.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from ray import tune
+
+from tunekit import _ray
+from tunekit._restoring import clone_in_worker, local_request, prepare_restore, remove_temps
+from tunekit._saving import (
+    BackgroundSaves,
+    Durability,
+    background_saves_enabled,
+    confirm_remote_upload,
+    save_again,
+    save_in_place,
+    save_snapshot,
+)
+from tunekit.checkpoint import read_metadata, read_state, write_checkpoint
+from tunekit.device import trial_device
+from tunekit.errors import CheckpointError
+from tunekit.hparams import changed_hyperparameters
+from tunekit.state import StateBuffers, TrainingState
+from tunekit.warm import apply_warm_start
+
+__all__ = ["TrialCheckpointer", "TrialContent"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrialContent:
+    """What one trial's checkpoints hold, and how one is loaded back into the trial.
+
+    Attributes:
+        state: The training state (models, optimizers, ..., counters, RNGs).
+        config: The trial's config; its ``mutable`` keys are recorded as the
+            checkpoint's hyperparameters.
+        mutable: Hyperparameters that may change in place (PBT).
+        apply: Applies changed hyperparameters to the live state.
+        name: The trainable, ``module:qualname`` (what ``tunekit resume`` imports).
+        metrics: The reported metrics of the iteration the state is at (kept
+            in the checkpoint's metadata, so it says how good it is).
+    """
+
+    state: TrainingState
+    config: Mapping[str, Any]
+    mutable: tuple[str, ...]
+    apply: Callable[[dict[str, Any]], None]
+    name: str
+    metrics: dict[str, Any] | None = None
+
+    def payload(self, into: StateBuffers | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(state dict, metadata)`` of a checkpoint of the state now (``into``: snapshot buffers, reused)."""
+        sd = self.state.state_dict(into=into)
+        hparams = {k: self.config[k] for k in self.mutable if k in self.config}
+        sd["hparams"] = hparams
+        metadata = {
+            "iteration": self.state.counters.iteration,
+            "epoch": self.state.counters.epoch,
+            "trainable": self.name,
+            "config": dict(self.config),
+            "hparams": hparams,
+            "device": str(trial_device()),
+            "models": sorted(self.state.models),
+            "metrics": dict(self.metrics or {}),
+        }
+        return sd, metadata
+
+    def write(self, directory: str | os.PathLike[str], *, durable: bool = True) -> None:
+        """Write a checkpoint of the state now into ``directory`` (``durable``: see :func:`tunekit.write_checkpoint`)."""
+        sd, metadata = self.payload()
+        write_checkpoint(directory, sd, metadata=metadata, durable=durable)
+
+    def load(self, directory: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
+        """Load a checkpoint into the state, then apply the hyperparameters that changed since.
+
+        A PBT exploit restores the donor's optimizer (with the donor's ``lr``)
+        into a trial whose config was just mutated: the mutated values win.
+        The checkpoint's metrics become the trial's until it reports again, so
+        a save before then (PBT saving a trial just cloned) records them.
+
+        Returns:
+            The hyperparameters that differed from the checkpoint and were applied.
+        """
+        sd = read_state(directory, verify=verify)
+        self.state.load_state_dict(sd)
+        changed = changed_hyperparameters(sd.get("hparams") or {}, self.config, self.mutable)
+        if changed:
+            self.apply(changed)
+        self.metrics = _recorded_metrics(directory)
+        return changed
+
+    def warm_start(self, config: Mapping[str, Any]) -> int | None:
+        """Apply the warm start ``config`` names, if any (see :func:`tunekit.warm.apply_warm_start`)."""
+        return apply_warm_start(self.state, config, mutable=self.mutable, apply=self.apply)
+
+
+def _recorded_metrics(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    try:
+        metrics = read_metadata(os.fspath(directory)).get("metrics")
+    except CheckpointError:
+        return None
+    return dict(metrics) if isinstance(metrics, dict) and metrics else None
+
+
+class TrialCheckpointer:
+    """One trial's checkpoints: save, restore with fallback, clone, reset, close (see the module docstring).
+
+    Owns the trial's background saves (at most one write in flight), the last
+    save (a second save of its iteration is links), the checkpoint a restore
+    verified (loaded without a second pass), the temporary directories of a
+    restore, and the trial's :class:`~tunekit._saving.Durability`.
+
+    Args:
+        trainable: The Ray trainable this checkpointer saves for.
+        background: Two-phase saves on local storage (off as well with
+            ``TUNEKIT_BACKGROUND_SAVES=0``).
+    """
+
+    def __init__(self, trainable: tune.Trainable, *, background: bool = True) -> None:
+        self.trainable = trainable
+        self.background = background
+        self.durability = Durability()
+        self.saves: BackgroundSaves | None = None
+        self._last: tuple[int, Any] | None = None
+        self._verified: str | None = None
+        self._temps: list[str] = []
+
+    # -- saving ------------------------------------------------------------------
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is complete; raise its error."""
+        if self.saves is not None:
+            self.saves.wait()
+
+    def save(
+        self,
+        content: TrialContent | None,
+        checkpoint_dir: str | None = None,
+        *,
+        fallback: Callable[[str | None], Any],
+        reported: Any = None,
+    ) -> Any:
+        """Save the trial's checkpoint; returns what Ray's ``Trainable.save`` returns.
+
+        Args:
+            content: What to save (None: nothing of tunekit's to save yet).
+            checkpoint_dir: A directory Ray named (then ``fallback`` writes there).
+            fallback: ``fallback(checkpoint_dir)`` saves as Ray would (remote
+                storage, or a directory Ray named); its upload is confirmed.
+            reported: A checkpoint the training code reported itself, saved as is.
+        """
+        iteration = self.trainable.iteration
+        self.wait()
+        result = None
+        if not checkpoint_dir and self._last is not None and self._last[0] == iteration:
+            result = save_again(self.trainable, self._last[1], durability=self.durability)
+        if result is None and reported is not None:
+            result = reported
+        if result is None and content is not None and not checkpoint_dir:
+            result = self._save_locally(content)
+        if result is None:
+            result = fallback(checkpoint_dir)
+            confirm_remote_upload(result)
+        self._last = (iteration, result)
+        return result
+
+    def _save_locally(self, content: TrialContent) -> Any:
+        """Two-phase or in place into local storage; None when the trial's storage is not local."""
+        if background_saves_enabled(self.trainable, self.background):
+            if self.saves is None:
+                self.saves = BackgroundSaves()
+            return save_snapshot(self.trainable, self.saves, content.payload, durability=self.durability)
+        return save_in_place(self.trainable, lambda d: content.write(d, durable=False), durability=self.durability)
+
+    # -- restoring ---------------------------------------------------------------
+    def restore(
+        self,
+        checkpoint: Any,
+        *,
+        load: Callable[[Any], None],
+        afresh: Callable[[], None],
+        direct: Callable[[Any], None] | None = None,
+    ) -> None:
+        """Restore ``checkpoint`` (what Ray's ``Trainable.restore`` is given); then call :meth:`loaded`.
+
+        Args:
+            load: Loads a verified, local result (its checkpoint is the one
+                :meth:`must_verify` says need not be verified again).
+            afresh: Starts the trial afresh: its first checkpoint never completed.
+            direct: Loads a local checkpoint as it is, verifying while it loads;
+                a :class:`~tunekit.CheckpointError` falls back to ``load``'s path.
+        """
+        self.wait()  # it may be this trial's own write in flight
+        self.loaded()
+        self._last = None
+        if direct is not None and (request := local_request(checkpoint)) is not None:
+            try:
+                return direct(request)
+            except CheckpointError:
+                pass  # damaged: find what to restore instead, below
+        result, self._temps = prepare_restore(checkpoint, trial_dir=_ray.local_trial_dir(self.trainable))
+        if result is None:
+            return afresh()
+        self._verified = result.checkpoint.path
+        load(result)
+
+    def must_verify(self, directory: str | os.PathLike[str]) -> bool:
+        """Whether loading ``directory`` must verify it (not the checkpoint :meth:`restore` verified)."""
+        return self._verified is None or os.path.abspath(directory) != os.path.abspath(self._verified)
+
+    def loaded(self) -> None:
+        """The restored state is loaded: remove the restore's temporary directories."""
+        self._verified = None
+        remove_temps(self._temps)
+
+    def clone(self, config: dict[str, Any], checkpoint: Any, storage: Any) -> None:
+        """A PBT exploit in this worker: reset to ``config``, then restore ``checkpoint``."""
+        clone_in_worker(self.trainable, config, checkpoint, storage)
+
+    # -- lifetime ----------------------------------------------------------------
+    def reset(self) -> None:
+        """Before the worker takes a new trial: the previous trial's write completes; nothing else is kept."""
+        try:
+            self.wait()
+        except CheckpointError as exc:  # the previous trial's; it falls back to its kept checkpoint
+            logger.error("tunekit: %s", exc)
+        self._last = None
+        self.loaded()
+
+    def close(self) -> None:
+        """At cleanup: the write in flight completes (its error logged), buffers and temporaries go.
+
+        No wait for background fsyncs: the checkpoint is complete in the page
+        cache and registered already; the fsync only narrows the window in
+        which a machine crash could lose it.
+        """
+        if self.saves is not None:
+            self.saves.close()
+            self.saves = None
+        self.loaded()
