@@ -1,4 +1,7 @@
-"""Tune callbacks: checkpoint policies and loggers."""
+"""Tune callbacks: checkpoint policies and loggers.
+
+Tested in ``tests/callbacks/test_policies.py``.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Log every trial result to a Parquet dataset inside the experiment directory."""
+"""Log every trial result to a Parquet dataset inside the experiment directory.
+
+Tested in ``tests/tunekit/test_analysis.py``.
+"""
 
 from __future__ import annotations
 

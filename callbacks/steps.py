@@ -1,4 +1,7 @@
-"""Checkpoint every N iterations of each trial."""
+"""Checkpoint every N iterations of each trial.
+
+Tested in ``tests/callbacks/test_policies.py``.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Checkpoint each trial at most once per interval of wall time."""
+"""Checkpoint each trial at most once per interval of wall time.
+
+Tested in ``tests/callbacks/test_policies.py``.
+"""
 
 from __future__ import annotations
 

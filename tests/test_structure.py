@@ -108,3 +108,74 @@ def test_docstring_examples_run(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)
     assert result.failed == 0, f"{name}: {result.failed} of {result.attempted} examples failed (run python -m doctest -v)"
+
+
+def _top_level_imports(name: str, path: Path) -> set[str]:
+    """The tunekit modules ``name`` imports when it is imported (not inside functions, not for type checking)."""
+    known = {n for n, _ in MODULES}
+    found = set()
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        for sub in ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) else ():
+            if isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
+                found.add(sub.module)
+                found.update(f"{sub.module}.{a.name}" for a in sub.names if f"{sub.module}.{a.name}" in known)
+            elif isinstance(sub, ast.Import):
+                found.update(a.name for a in sub.names)
+    parents = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+    return {m for m in found if m in known and m != name and m not in parents}
+
+
+def test_no_import_cycles():
+    graph = {name: _top_level_imports(name, path) for name, path in MODULES}
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [node, nxt]) if nxt in stack else f"{node} -> {nxt}")
+            elif nxt not in state:
+                visit(nxt, stack + [node])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+#: The checkpoint layer and the trainables, whose functions stay short enough to read whole.
+_CHECKPOINT_LAYER = ("checkpoint.py", "_manifest.py", "_trial_dir.py", "_saving.py", "_restoring.py", "_checkpointer.py",
+                     "torch_trainable.py", "function.py", "integrations")
+
+
+def test_modules_and_functions_stay_small():
+    problems = []
+    for _, path in MODULES:
+        rel = path.relative_to(ROOT)
+        lines = len(path.read_text().splitlines())
+        if rel.parts[0] == "tunekit" and lines > 400:
+            problems.append(f"{rel}: {lines} lines (at most 400)")
+        if rel.parts[0] == "tunekit" and rel.parts[1] in _CHECKPOINT_LAYER:
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                    problems.append(f"{rel}:{node.lineno} {node.name}(): {node.end_lineno - node.lineno + 1} lines")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_module_has_its_tests():
+    """Each module has a test file of its name, or its docstring names the test files that test it (and they exist)."""
+    test_files = {p.name for p in (ROOT / "tests").rglob("test_*.py")}
+    problems = []
+    for name, path in MODULES:
+        stem = (path.parent.name if path.name == "__init__.py" else path.stem).lstrip("_")
+        named = re.findall(r"tests/[\w/]+\.py", importlib.import_module(name).__doc__ or "")
+        missing = [n for n in named if not (ROOT / n).is_file()]
+        if missing:
+            problems.append(f"{name}: its docstring names {missing}, which do not exist")
+        elif f"test_{stem}.py" not in test_files and not named:
+            problems.append(f"{name}: no tests/**/test_{stem}.py and its docstring names no test file")
+    assert not problems, "\n".join(problems)

@@ -1,4 +1,7 @@
-"""Reference trainables built on tunekit, with the small real model and data they train."""
+"""Reference trainables built on tunekit, with the small real model and data they train.
+
+Tested in ``tests/trainables/test_quickstart.py``.
+"""
 
 from __future__ import annotations
 

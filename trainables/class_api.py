@@ -1,4 +1,7 @@
-"""``DigitsTrainable``: the class-API reference trainable."""
+"""``DigitsTrainable``: the class-API reference trainable.
+
+Tested in ``tests/trainables/test_contract.py``.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""``train_digits``: the function-API reference trainable."""
+"""``train_digits``: the function-API reference trainable.
+
+Tested in ``tests/trainables/test_contract.py``.
+"""
 
 from __future__ import annotations
 

@@ -25,6 +25,8 @@ exploit/explore the best member stays at ``1.2 - 0.81 = 0.39``.
 Run it as an example::
 
     python -m tunekit.trainables.toy_pbt            # PBT against no PBT, same budget
+
+Tested in ``tests/trainables/test_pbt_recipe.py``.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Importing tunekit has no side effects: nothing starts Ray, reads the
 environment or touches storage until a function is called.
+
+Tested in ``tests/test_structure.py`` (the lazy table) and ``tests/test_packaging.py``.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Each raises :class:`tunekit.ConfigError` (a ``ValueError``) whose one-line
 message repeats the call: ``CheckpointByStepsTaken(iterations_per_checkpoint=0):
 must be an integer >= 1``.
+
+Tested in its docstring examples (run by ``tests/test_structure.py``) and through its callers in ``tests/tunekit/test_analysis.py``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from tunekit.errors import ConfigError
 
 __all__ = [
     "SCOPES",
+    "as_number",
     "check_mode",
     "check_scope",
     "integer_at_least",
@@ -34,6 +37,11 @@ def _is_int(value: Any) -> bool:
 def is_number(value: Any) -> bool:
     """A finite int or float (bools excluded)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def as_number(value: Any) -> float | None:
+    """``value`` as a float if it :func:`is_number`, else None."""
+    return float(value) if is_number(value) else None
 
 
 def integer_at_least(call: str, name: str, value: Any, low: int = 1, *, allow_none: bool = False) -> Any:

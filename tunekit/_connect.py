@@ -6,6 +6,8 @@ starts Ray must never do that by accident, so :func:`ray_for` starts a local
 Ray (``address="local"``) unless the caller or ``RAY_ADDRESS`` names one, and
 gives up on a named address that does not answer within
 ``TUNEKIT_CONNECT_TIMEOUT_S`` seconds (one line, no retry loop).
+
+Tested in ``tests/test_cli.py`` and ``tests/tunekit/test_cluster.py``.
 """
 
 from __future__ import annotations

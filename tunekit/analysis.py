@@ -9,29 +9,24 @@ Example:
 
 from __future__ import annotations
 
-import io
 import logging
-import math
 import posixpath
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.dataset as pads
-import pyarrow.fs as pafs
-import pyarrow.json as pajson
-import pyarrow.parquet as pq
 
 from tunekit._checks import check_mode, check_scope
+from tunekit._lineage import Lineage, build_lineage
+from tunekit._result_frames import ITER as _ITER
+from tunekit._result_frames import dedupe_frame, from_parquet, from_result_json, order_columns, parquet_parts
 from tunekit.checkpoint import load_model
 from tunekit.errors import ConfigError, ExperimentError, StorageError
-from tunekit.results import format_ranges, lost_iterations, parse_result_lines, read_text
+from tunekit.results import format_ranges, lost_iterations
 from tunekit.snapshot import BestCheckpoint, ExperimentSnapshot, read_experiment
-from tunekit.storage import Storage, resolve_storage, storage_errors
-from tunekit.table import RESULTS_DIR, flatten_result, is_number
+from tunekit.storage import Storage, resolve_storage
+from tunekit.table import RESULTS_DIR
 
 __all__ = [
     "BestTrial",
@@ -46,100 +41,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 Scope = Literal["last", "max", "min", "mean", "avg"]
-_ITER = "training_iteration"
-
-
-def _order_columns(df: pd.DataFrame) -> pd.DataFrame:
-    first = [c for c in ("trial_id", _ITER) if c in df.columns]
-    config = sorted(c for c in df.columns if c.startswith("config/"))
-    rest = [c for c in df.columns if c not in first and c not in config]
-    return df[first + rest + config]
-
-
-def _dedupe_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """Keep, per trial, the rows no later row supersedes (a later row with iteration <= it).
-
-    Rows come in the order they were logged; the result is sorted by trial and iteration.
-    """
-    if df.empty or _ITER not in df.columns:
-        return df.reset_index(drop=True)
-    df = df.reset_index(drop=True)
-    trials = df["trial_id"].to_numpy()
-    iters = pd.to_numeric(df[_ITER], errors="coerce")
-    steps = iters.groupby(trials, sort=False).diff()
-    if (steps <= 0).any():  # some trial went back: a restore re-ran iterations
-        rev_iters = iters.iloc[::-1]
-        later_min = rev_iters.groupby(trials[::-1], sort=False).cummin()
-        exclusive = later_min.groupby(trials[::-1], sort=False).shift(1)
-        keep = (exclusive.isna() | (rev_iters < exclusive)).to_numpy()[::-1]
-        df = df[keep]
-    return df.sort_values(["trial_id", _ITER], kind="stable").reset_index(drop=True)
-
-
-def _parquet_parts(experiment: Storage) -> list[str]:
-    directory = posixpath.join(experiment.path, RESULTS_DIR)
-    with storage_errors("list", f"{experiment.uri}/{RESULTS_DIR}"):
-        infos = experiment.filesystem.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
-    return sorted(
-        i.path for i in infos
-        if i.type == pafs.FileType.File and i.base_name.endswith(".parquet") and not i.base_name.startswith(".")
-    )
-
-
-def _from_parquet(experiment: Storage, parts: list[str]) -> pd.DataFrame:
-    fs = experiment.filesystem
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        schemas = list(pool.map(lambda path: pq.read_schema(path, filesystem=fs), parts))
-    schema = schemas[0]
-    if any(not other.equals(schema) for other in schemas[1:]):  # trials with other keys
-        try:
-            schema = pa.unify_schemas(schemas, promote_options="permissive")
-        except (pa.ArrowInvalid, pa.ArrowTypeError):  # a key changed type between batches
-            tables = [pq.read_table(path, filesystem=fs) for path in parts]
-            return pd.concat([t.to_pandas() for t in tables], ignore_index=True, sort=False)
-    dataset = pads.dataset(parts, schema=schema, format="parquet", filesystem=fs)
-    return dataset.to_table().to_pandas()
-
-
-def _read_files(fs: pafs.FileSystem, paths: list[str]) -> list[bytes]:
-    def read(path: str) -> bytes:
-        try:
-            with fs.open_input_stream(path) as stream:
-                return stream.read()
-        except FileNotFoundError:
-            return b""
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        return list(pool.map(read, paths))
-
-
-def _from_result_json(experiment: Storage, names: list[str], problems: list[str]) -> pd.DataFrame:
-    """Every trial's ``result.json`` (``names``: the trial directories), damaged lines counted into ``problems``."""
-    fs = experiment.filesystem
-    blobs = _read_files(fs, [posixpath.join(experiment.join(name).path, "result.json") for name in names])
-    try:  # fast: one C++ JSON parse over every trial's lines
-        data = b"\n".join(b for b in (blob.strip() for blob in blobs) if b)
-        if not data:
-            return pd.DataFrame()
-        table = pajson.read_json(io.BytesIO(data), read_options=pajson.ReadOptions(block_size=1 << 24))
-        while any(pa.types.is_struct(f.type) for f in table.schema):
-            table = table.flatten()
-        df = table.to_pandas()
-        df.columns = [c.replace(".", "/") for c in df.columns]
-        if "trial_id" not in df.columns:
-            raise ValueError("rows without trial_id")
-        return df
-    except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError):  # torn lines, type changes: row by row
-        rows: list[dict[str, Any]] = []
-        for name, blob in zip(names, blobs):
-            parsed, bad = parse_result_lines(blob.decode("utf-8", errors="replace"))
-            if bad:
-                problems.append(f"{name}/result.json: {bad} damaged line(s) skipped")
-            for row in parsed:
-                flat = flatten_result(row)
-                flat.setdefault("trial_id", name)
-                rows.append(flat)
-        return pd.DataFrame.from_records(rows)
 
 
 def load_results(
@@ -183,20 +84,20 @@ def load_results(
         raise ConfigError(f"load_results(source={source!r}): expected 'auto', 'parquet' or 'json'")
     experiment = resolve_storage(location, filesystem=filesystem)
     snap = snapshot if snapshot is not None else read_experiment(experiment, results=False)
-    parts = _parquet_parts(experiment) if source != "json" else []
+    parts = parquet_parts(experiment) if source != "json" else []
     read_problems: list[str] = []
     if parts:
-        df = _from_parquet(experiment, parts)
+        df = from_parquet(experiment, parts)
     elif source == "parquet":
         raise ExperimentError(f"{experiment.uri}: no {RESULTS_DIR}/*.parquet (was ParquetLogger used?)")
     else:
-        df = _from_result_json(experiment, [t.name for t in snap.trials], read_problems)
+        df = from_result_json(experiment, [t.name for t in snap.trials], read_problems)
     if df.empty:
         return df
-    df = _dedupe_frame(df)
+    df = dedupe_frame(df)
     if warm_start_history:
         df = _with_warm_start_history(df, experiment, _seen=_seen)
-    df = _order_columns(df)
+    df = order_columns(df)
     if _ITER in df.columns:
         continued = {t.trial_id for t in snap.trials if t.continued}
         gaps = {
@@ -401,89 +302,6 @@ def load_best_model(
     return load_model(best_checkpoint(location, metric=metric, mode=mode, scope=scope), model, name=name)
 
 
-_Logged = list[tuple[int, dict[str, Any]]]
-
-
-def _logged_rows(experiment: Storage, snap: ExperimentSnapshot) -> dict[str, _Logged]:
-    """Each trial's (iteration, config) in the order reported, re-runs included.
-
-    From the Parquet dataset when there is one (it has every row), else from
-    each trial's ``result.json`` (which may lack rows Ray lost).
-    """
-    out: dict[str, _Logged] = {}
-    parts = _parquet_parts(experiment)
-    if parts:
-        dataset = pads.dataset(parts, format="parquet", filesystem=experiment.filesystem)
-        columns = ["trial_id", _ITER] + [c for c in dataset.schema.names if c.startswith("config/")]
-        table = dataset.to_table(columns=columns).to_pylist()
-        for row in table:
-            if is_number(row.get(_ITER)):
-                config = {c[len("config/"):]: v for c, v in row.items() if c.startswith("config/")}
-                out.setdefault(str(row["trial_id"]), []).append((int(row[_ITER]), config))
-        return out
-    for trial in snap.trials:
-        text = read_text(experiment.filesystem, posixpath.join(experiment.join(trial.name).path, "result.json"))
-        rows, _ = parse_result_lines(text or "")
-        out[trial.trial_id] = [
-            (int(r[_ITER]), r.get("config") if isinstance(r.get("config"), dict) else {})
-            for r in rows if is_number(r.get(_ITER))
-        ]
-    return out
-
-
-def _has(config: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    return bool(wanted) and all(
-        k in config and (config[k] == v or (is_number(config[k]) and is_number(v) and math.isclose(config[k], v)))
-        for k, v in wanted.items()
-    )
-
-
-def _fix_exploit_iterations(experiment: Storage, snap: ExperimentSnapshot, records: list[dict[str, Any]]) -> None:
-    """Place each exploit where the target's own rows show it happened.
-
-    Ray logs iterations as of its decision, which with ``synch=True`` can lag
-    both the checkpoint actually cloned and the target's own iteration. The
-    target's rows are the truth: the first row after the exploit carries the
-    new config, and continues from the cloned checkpoint (iteration k+1 after
-    a checkpoint of iteration k). Where the config did not visibly change,
-    the row after the logged iteration is used; where the rows around an
-    exploit are missing, Ray's logged values stay.
-    """
-    if not records:
-        return
-    logged = _logged_rows(experiment, snap)
-    position: dict[str, int] = {}
-    for record in records:
-        rows = logged.get(record["target"], [])
-        start = max(position.get(record["target"], 0), 1)
-        keys = {k for _, cfg in rows for k in cfg}
-        wanted = {k: v for k, v in (record["new_config"] or {}).items()
-                  if k in keys and (is_number(v) or isinstance(v, (str, bool)))}
-        hit = next(
-            (j for j in range(start, len(rows)) if _has(rows[j][1], wanted) and not _has(rows[j - 1][1], wanted)),
-            None,
-        )
-        if hit is None:  # no visible config change: the row after the logged iteration
-            hit = next((j for j in range(start, len(rows)) if rows[j - 1][0] == record["iteration"]), None)
-        if hit is None:
-            continue
-        record["iteration"] = rows[hit - 1][0]
-        record["source_iteration"] = rows[hit][0] - 1
-        position[record["target"]] = hit + 1
-
-
-@dataclass
-class Lineage:
-    """PBT history: every exploit, and where each trial's weights came from."""
-
-    exploits: pd.DataFrame
-    ancestry: dict[str, list[tuple[str, int, int]]]
-
-    def describe(self, trial_id: str) -> str:
-        """``a[1-4] -> b[5-8]``: whose iterations a trial's final weights went through."""
-        return " -> ".join(f"{t}[{a}-{b}]" for t, a, b in self.ancestry.get(trial_id, []))
-
-
 def pbt_lineage(
     location: str | Storage,
     *,
@@ -501,44 +319,4 @@ def pbt_lineage(
     experiment = resolve_storage(location)
     snap = snapshot or read_experiment(experiment)
     df = results if results is not None else load_results(experiment, snapshot=snap)
-    current: dict[str, dict[str, Any]] = {}
-    for trial in snap.trials:
-        rows = df[df["trial_id"] == trial.trial_id] if not df.empty else df
-        if len(rows):
-            first = rows.iloc[0]
-            current[trial.trial_id] = {
-                c[len("config/"):]: first[c] for c in rows.columns if c.startswith("config/") and pd.notna(first[c])
-            }
-        else:
-            current[trial.trial_id] = dict(trial.config)
-    records = []
-    for exploit in snap.exploits:
-        old = dict(current.get(exploit.target, {}))
-        current[exploit.target] = {**old, **exploit.new_config}
-        records.append(
-            {
-                "iteration": exploit.iteration,
-                "target": exploit.target,
-                "source": exploit.source,
-                "source_iteration": exploit.source_iteration,
-                "old_config": old,
-                "new_config": exploit.new_config,
-            }
-        )
-    _fix_exploit_iterations(experiment, snap, records)
-    exploits = pd.DataFrame.from_records(
-        records, columns=["iteration", "target", "source", "source_iteration", "old_config", "new_config"]
-    )
-    final = {t.trial_id: t.iterations for t in snap.trials}
-
-    def chain(trial: str, upto: int, before: int) -> list[tuple[str, int, int]]:
-        for k in range(before - 1, -1, -1):
-            record = records[k]
-            if record["target"] == trial and record["source_iteration"] <= upto:
-                start = record["source_iteration"] + 1
-                own = [(trial, start, upto)] if start <= upto else []
-                return chain(record["source"], record["source_iteration"], k) + own
-        return [(trial, 1, upto)] if upto >= 1 else []
-
-    ancestry = {t: chain(t, n, len(records)) for t, n in final.items()}
-    return Lineage(exploits, ancestry)
+    return build_lineage(experiment, snap, df)

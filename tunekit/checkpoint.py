@@ -43,6 +43,8 @@ Example:
     ...     _ = write_checkpoint(d, state.state_dict(), metadata={"iteration": 1})
     ...     verify_checkpoint(d).status
     'good'
+
+Tested in ``tests/tunekit/test_integrity.py`` and ``tests/tunekit/test_verify.py``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""A resumable, deterministic mini-batch stream over in-memory tensors."""
+"""A resumable, deterministic mini-batch stream over in-memory tensors.
+
+Tested in ``tests/tunekit/test_state.py``.
+"""
 
 from __future__ import annotations
 

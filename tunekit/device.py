@@ -1,4 +1,7 @@
-"""Where a trial's tensors live: the GPU Ray assigned to it, else the CPU."""
+"""Where a trial's tensors live: the GPU Ray assigned to it, else the CPU.
+
+Tested in ``tests/tunekit/test_state.py`` and ``tests/trainables/test_reuse.py``.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ Ray is needed. The layout Ray Tune writes::
     EXP/experiment_state-<time>.json     (one or more; the newest counts)
     EXP/<trial dir>/params.json, result.json, progress.csv
     EXP/<trial dir>/checkpoint_000000/    (one directory per checkpoint)
+
+Tested in ``tests/tunekit/test_verify.py`` and ``tests/tunekit/test_snapshot.py``.
 """
 
 from __future__ import annotations

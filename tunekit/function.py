@@ -34,6 +34,8 @@ Semantics, compared with the class API (:class:`~tunekit.TorchTrainable`):
   :mod:`tunekit._saving`) - same.
 * Without the wrapper (a plain function given to Tune) only checkpoints the
   training code asks for are taken; Ray refuses frequency and at-end then.
+
+Tested in ``tests/trainables/test_contract.py`` (each contract test runs the class and the function API).
 """
 
 from __future__ import annotations

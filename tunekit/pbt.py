@@ -21,6 +21,8 @@ Example:
     ...                   perturbation_interval=4, mutations={"lr": tune.loguniform(1e-3, 0.5)})
     >>> setup.checkpoint_config.checkpoint_frequency, setup.tune_config_kwargs()["reuse_actors"]
     (4, True)
+
+Tested in ``tests/trainables/test_pbt_exploit.py`` and ``tests/trainables/test_pbt_recipe.py``.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ Example:
     >>> rows = [{"training_iteration": i} for i in (1, 2, 3, 2, 3, 4)]
     >>> [r["training_iteration"] for r in dedupe_lineage(rows)]
     [1, 2, 3, 4]
+
+Tested in ``tests/tunekit/test_read_model.py`` and ``tests/tunekit/test_analysis.py``.
 """
 
 from __future__ import annotations

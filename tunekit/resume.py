@@ -16,8 +16,6 @@ A function found this way that is not a Tune trainable class is wrapped with
 from __future__ import annotations
 
 import contextlib
-import importlib
-import pickletools
 import posixpath
 import sys
 from dataclasses import dataclass
@@ -26,9 +24,9 @@ from typing import Any, Iterator, TextIO
 import pyarrow.fs as pafs
 
 from tunekit._trial_dir import damaged_name
-from tunekit.checkpoint import read_metadata
-from tunekit.errors import CheckpointError, ConfigError, ExperimentError
+from tunekit.errors import ConfigError, ExperimentError
 from tunekit._connect import ray_for
+from tunekit._find_trainable import alias_moved_packages, find_trainable, import_trainable
 from tunekit.snapshot import CheckpointSummary, ExperimentSnapshot, TrialSnapshot, format_counts, read_experiment
 from tunekit.storage import Storage, resolve_storage
 
@@ -40,166 +38,6 @@ __all__ = [
     "newest_good",
     "resume_experiment",
 ]
-
-
-def import_trainable(spec: str) -> Any:
-    """Import ``module:attr`` (``attr`` may be dotted).
-
-    Raises:
-        ConfigError: malformed, or the module or attribute does not exist.
-    """
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"trainable {spec!r}: expected module:attr, e.g. tunekit.trainables:DigitsTrainable")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        moved = _moved_module(module_name)
-        if moved is None:
-            raise ConfigError(f"trainable {spec!r}: cannot import {module_name} ({exc})") from None
-        obj = importlib.import_module(moved)
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ConfigError(f"trainable {spec!r}: {module_name} has no attribute {attr}") from None
-    return obj
-
-
-#: Top-level packages of tunekit before 0.2, now inside tunekit.
-_MOVED_PACKAGES = ("trainables", "callbacks")
-
-
-def _moved_module(module_name: str) -> str | None:
-    """``trainables.class_api`` -> ``tunekit.trainables.class_api`` (experiments of older tunekit)."""
-    if module_name.split(".")[0] in _MOVED_PACKAGES:
-        return f"tunekit.{module_name}"
-    return None
-
-
-def _alias_moved_packages(references: list[tuple[str, str]]) -> None:
-    """Let ``Tuner.restore`` unpickle an older experiment that refers to ``callbacks.…``/``trainables.…``.
-
-    Only names the experiment refers to, and only where no module of that name
-    exists (a user's own ``callbacks`` module is left alone).
-    """
-    import importlib.util
-
-    for module_name in sorted({m for m, _ in references if _moved_module(m)}):
-        top = module_name.split(".")[0]
-        existing = sys.modules.get(top)
-        if existing is not None and not existing.__name__.startswith("tunekit."):
-            continue  # the user's own module of that name: theirs wins
-        if existing is None and importlib.util.find_spec(top) is not None:
-            continue
-        for name in (top, module_name):
-            sys.modules.setdefault(name, importlib.import_module(f"tunekit.{name}"))
-
-
-def _pickle_globals(data: bytes) -> list[tuple[str, str]]:
-    """(module, name) references in a pickle, read from its opcodes; nothing is executed."""
-    found, strings = [], []
-    try:
-        for opcode, arg, _ in pickletools.genops(data):
-            if opcode.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
-                strings.append(arg)
-            elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
-                found.append((strings[-2], strings[-1]))
-            elif opcode.name == "GLOBAL" and isinstance(arg, str):
-                module, _, name = arg.partition(" ")
-                found.append((module, name))
-    except Exception:  # a damaged pickle: use what was read up to there
-        pass
-    return found
-
-
-def _recorded_trainables(snapshot: ExperimentSnapshot) -> list[str]:
-    specs = []
-    for trial in snapshot.trials:
-        for ckpt in reversed(trial.checkpoints):
-            try:
-                spec = read_metadata(ckpt.uri).get("trainable")
-            except CheckpointError:
-                continue
-            if isinstance(spec, str) and ":" in spec and spec not in specs:
-                specs.append(spec)
-            break
-    return specs
-
-
-def _as_trainable(obj: Any) -> Any:
-    from ray.tune import Trainable
-
-    if isinstance(obj, type) and issubclass(obj, Trainable):
-        return obj
-    if callable(obj) and not isinstance(obj, type):
-        import inspect
-
-        from tunekit.function import function_trainable
-
-        try:
-            params = list(inspect.signature(obj).parameters.values())
-        except (TypeError, ValueError):
-            params = []
-        required = [p for p in params if p.default is inspect.Parameter.empty
-                    and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
-        if len(required) != 1:
-            raise ConfigError(f"{getattr(obj, '__qualname__', obj)!s} is not a Tune trainable: expected a Trainable "
-                              "class or a training function of one argument, config")
-
-        try:
-            source = inspect.getsource(obj)
-        except (OSError, TypeError):
-            source = ""
-        return function_trainable(obj) if "FunctionSession" in source else obj
-    raise ConfigError(f"{getattr(obj, '__qualname__', obj)!s} is not a Tune trainable: expected a Trainable class "
-                      "or a training function of one argument, config")
-
-
-def find_trainable(experiment: Storage, snapshot: ExperimentSnapshot, spec: str | None = None) -> tuple[Any, str]:
-    """The trainable to resume ``experiment`` with, and where it was found."""
-    if spec:
-        return _as_trainable(import_trainable(spec)), spec
-    raw = _tuner_pickle(experiment)
-    for recorded in _recorded_trainables(snapshot):
-        if recorded.startswith("ray."):  # tunekit < 0.4 recorded the class tune.with_resources made
-            recorded = _unwrapped(recorded, raw)
-        try:
-            return _as_trainable(import_trainable(recorded)), f"{recorded} (recorded in its checkpoints)"
-        except ConfigError:
-            continue
-    names = {t.trainable_name for t in snapshot.trials if t.trainable_name}
-    if raw and names:
-        for module, name in _pickle_globals(raw):
-            if name.split(".")[-1] in names and not module.startswith(("ray.", "builtins", "__main__")):
-                spec = f"{module}:{name}"
-                try:
-                    return _as_trainable(import_trainable(spec)), f"{spec} (referenced by tuner.pkl)"
-                except ConfigError:
-                    continue
-    shown = ", ".join(sorted(names)) or "unknown"
-    raise ConfigError(
-        f"cannot tell which trainable ran {experiment.uri} (trainable name: {shown}); "
-        "pass --trainable module:attr"
-    )
-
-
-def _unwrapped(spec: str, raw: bytes | None) -> str:
-    """``ray.tune.trainable.util:Name`` -> the user's ``module:Name`` that tuner.pkl refers to (else tunekit's)."""
-    name = spec.partition(":")[2]
-    for module, attr in _pickle_globals(raw or b""):
-        if attr == name and not module.startswith(("ray.", "builtins", "__main__")):
-            return f"{module}:{attr}"
-    return f"tunekit.trainables:{name}"
-
-
-def _tuner_pickle(experiment: Storage) -> bytes | None:
-    """The bytes of ``tuner.pkl`` (read, never unpickled here), or None."""
-    path = posixpath.join(experiment.path, "tuner.pkl")
-    if experiment.filesystem.get_file_info(path).type != pafs.FileType.File:
-        return None
-    with experiment.filesystem.open_input_stream(path) as stream:
-        return stream.read()
 
 
 @dataclass
@@ -279,7 +117,7 @@ def resume_experiment(
     for trial in todo:
         print(_continues_from(before, trial, experiment, restart=restart_errored and trial.status == "ERROR"),
               file=out, flush=True)
-    _alias_moved_packages(_pickle_globals(_tuner_pickle(experiment) or b""))
+    alias_moved_packages(experiment)
 
     from ray import tune
 

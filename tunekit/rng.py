@@ -3,6 +3,8 @@
 The captured state holds only tensors, ints, floats, strings and containers of
 them, so it can be stored with ``torch.save`` and read back with
 ``torch.load(..., weights_only=True)``.
+
+Tested in ``tests/tunekit/test_state.py``.
 """
 
 from __future__ import annotations

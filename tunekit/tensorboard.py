@@ -5,6 +5,8 @@ re-run iterations twice, and trials that never finished have no HParams
 entry. :func:`export_tensorboard` writes one clean run per trial from
 :func:`tunekit.analysis.load_results` (each iteration once) with an HParams
 record (config against final metrics) for every trial.
+
+Tested in ``tests/tunekit/test_analysis.py``.
 """
 
 from __future__ import annotations

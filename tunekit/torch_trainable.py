@@ -1,4 +1,7 @@
-"""``TorchTrainable``: a Ray Tune class trainable whose checkpoints are complete."""
+"""``TorchTrainable``: a Ray Tune class trainable whose checkpoints are complete.
+
+Tested in ``tests/trainables/test_contract.py`` and ``tests/trainables/test_reuse.py``.
+"""
 
 from __future__ import annotations
 

@@ -23,6 +23,8 @@ The checkpoint is verified against its manifest when a trial loads it. When
 Tune later restores the trial from its own checkpoint (a retry, a pause, a
 PBT exploit), that checkpoint wins; the warm start only shapes the start.
 The trial's checkpoints carry the lineage (``extras["tunekit/warm_start"]``).
+
+Tested in ``tests/tunekit/test_warm_start.py``.
 """
 
 from __future__ import annotations

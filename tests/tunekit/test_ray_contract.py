@@ -1,4 +1,4 @@
-"""The contract with Ray's private names (tunekit/_ray.py): each exists and behaves as relied on.
+"""The contract with Ray's private names (the tunekit._ray package): each exists and behaves as relied on.
 
 A failure names the Ray name that changed. CI runs this module on the floor
 and on the newest Ray that setup.cfg admits.

@@ -35,7 +35,7 @@ WRITER = textwrap.dedent(
     import os, sys, time
     import torch
     import tunekit.checkpoint as checkpoint
-    from tunekit._saving import commit_checkpoint
+    from tunekit._saving import Durability, commit_checkpoint
     from tunekit._trial_dir import keep_newest_complete, stage_checkpoint
 
     final, hold_at, go = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -51,7 +51,8 @@ WRITER = textwrap.dedent(
     checkpoint._on_write_phase = hold
     state = {"w": torch.arange(1000, dtype=torch.float32)}
     commit_checkpoint(staging, final, lambda d: checkpoint.write_checkpoint(d, state, metadata={"iteration": 4},
-                                                                            durable=False))
+                                                                            durable=False),
+                      Durability())
     """
 )
 

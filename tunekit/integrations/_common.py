@@ -1,4 +1,7 @@
-"""What the framework integrations share: the state they checkpoint, when they report, how they apply PBT's values."""
+"""What the framework integrations share: the state they checkpoint, when they report, how they apply PBT's values.
+
+Tested in ``tests/integrations/test_frameworks.py``.
+"""
 
 from __future__ import annotations
 

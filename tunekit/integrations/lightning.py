@@ -45,6 +45,8 @@ only if the train dataloader is stateful (has ``state_dict``/``load_state_dict``
 such as torchdata's ``StatefulDataLoader``); Lightning restarts a plain
 dataloader's epoch from its first batch. Set ``enable_checkpointing=False``
 (Lightning's own ``ModelCheckpoint`` would write a second, blocking copy).
+
+Tested in ``tests/integrations/test_frameworks.py``.
 """
 
 from __future__ import annotations
@@ -160,6 +162,22 @@ def _remove(path: str) -> None:
         pass
 
 
+def _restore_through_lightning(trainer: Any, model: Any, state: Any) -> tuple[str | None, dict[str, Any]]:
+    """What Tune restored (or a "continue" warm start) as a ``ckpt_path`` Lightning restores: (file, fit kwargs)."""
+    if state.restored is None:
+        return None, {}
+    contents = dict(state.restored, state_dict=model.state_dict())
+    fd, ckpt_file = tempfile.mkstemp(prefix="tunekit-lightning-", suffix=".ckpt")
+    os.close(fd)
+    torch.save(contents, ckpt_file)
+    state.restored = None
+    trainer.num_sanity_val_steps = 0  # ran when the trial started; it would draw random numbers now
+    kwargs: dict[str, Any] = {"ckpt_path": ckpt_file}
+    if "weights_only" in inspect.signature(trainer.fit).parameters:
+        kwargs["weights_only"] = True  # it passed tunekit's weights_only load already
+    return ckpt_file, kwargs
+
+
 def fit(
     trainer: Any,
     model: Any,
@@ -204,18 +222,7 @@ def fit(
     state = new_state("lightning", model)
     session = make_session(state, config=config, mutable=mutable, name=name)
     reporter = Reporter(session, state, every_n_steps)
-    ckpt_file = None
-    kwargs: dict[str, Any] = {}
-    if state.restored is not None:  # Tune's checkpoint or a "continue" warm start: Lightning restores it
-        contents = dict(state.restored, state_dict=model.state_dict())
-        fd, ckpt_file = tempfile.mkstemp(prefix="tunekit-lightning-", suffix=".ckpt")
-        os.close(fd)
-        torch.save(contents, ckpt_file)
-        state.restored = None
-        trainer.num_sanity_val_steps = 0  # ran when the trial started; it would draw random numbers now
-        kwargs["ckpt_path"] = ckpt_file
-        if "weights_only" in inspect.signature(trainer.fit).parameters:
-            kwargs["weights_only"] = True  # it passed tunekit's weights_only load already
+    ckpt_file, kwargs = _restore_through_lightning(trainer, model, state)
     callback = _callback_class(pl)(reporter, state, ckpt_file)
     trainer.callbacks.append(callback)
     try:

@@ -42,6 +42,8 @@ What a trial does:
 
 Set ``save_strategy="no"``: the Trainer's own checkpoints would be a second,
 blocking copy of what tunekit already saves.
+
+Tested in ``tests/integrations/test_frameworks.py``.
 """
 
 from __future__ import annotations
@@ -189,6 +191,19 @@ def to_trainer_checkpoint(checkpoint: Any, directory: str) -> str:
 _CALLBACKS: dict[str, type] = {}
 
 
+def _begin_training(callback: Any) -> None:
+    """``on_train_begin``: restore the running metrics, apply PBT's pending values to the restored optimizer."""
+    trainer, state = callback.trainer, callback.state
+    state.dump = lambda: dump_trainer(trainer)
+    if callback.running:  # set just before this hook by the Trainer: zero
+        _restore_running(trainer, callback.running)
+        callback.running = None
+    if state.pending_changes:  # the Trainer restored the donor's optimizer and scheduler by now
+        schedulers = [trainer.lr_scheduler] if trainer.lr_scheduler is not None else []
+        apply_optimizer_values([trainer.optimizer], schedulers, state.pending_changes, previous=state.hparams)
+        state.pending_changes = {}
+
+
 def _callback_class(transformers: Any) -> type:
     cls = _CALLBACKS.get("transformers")
     if cls is not None:
@@ -211,16 +226,7 @@ def _callback_class(transformers: Any) -> type:
             self.logged: dict[str, Any] = {}
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            trainer = self.trainer
-            self.state.dump = lambda: dump_trainer(trainer)
-            if self.running:  # set just before this hook by the Trainer: zero
-                _restore_running(trainer, self.running)
-                self.running = None
-            if self.state.pending_changes:  # the Trainer restored the donor's optimizer and scheduler by now
-                schedulers = [trainer.lr_scheduler] if trainer.lr_scheduler is not None else []
-                apply_optimizer_values([trainer.optimizer], schedulers, self.state.pending_changes,
-                                       previous=self.state.hparams)
-                self.state.pending_changes = {}
+            _begin_training(self)
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
             self.logged.update(plain_metrics(logs or {}))

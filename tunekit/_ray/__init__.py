@@ -1,0 +1,229 @@
+"""Every private Ray name tunekit uses, in one place.
+
+tunekit builds on Ray Tune's public API wherever it does the job. A few things
+have no public API: writing a class trainable's checkpoint straight into its
+final directory, a function trainable that Tune asks to save, and PBT's choice
+of donor. The private names those need live here and nowhere else; the rest of
+tunekit calls the functions below. ``tests/tunekit/test_ray_contract.py``
+checks each name and the signature relied on, against the installed Ray, and
+fails naming the one that changed. ``setup.cfg`` bounds Ray to the versions
+that contract (and the suite) passed on.
+
+Private names, by owner:
+
+* ``ray.train._internal.checkpoint_manager._TrainingResult``: what
+  ``Trainable.save`` returns and ``restore`` takes.
+* ``ray.train._internal.session.get_session``: the function runner's session
+  (``report``, ``loaded_checkpoint``).
+* ``ray.tune.trainable.FunctionTrainable``: its ``setup``, ``step``,
+  ``execute``, ``cleanup``, ``reset_config`` and ``_report_thread_runner_error``
+  run a training function on a thread; tunekit's adapter reuses them.
+* ``Trainable`` attributes: ``_last_result``, ``_storage``, ``_iteration``,
+  ``_time_total``, ``_time_since_restore``, ``_iterations_since_restore``,
+  ``_restored``, ``_last_training_result`` (function runner), and
+  ``_report_class_trainable_checkpoint``.
+* ``ray.train._internal.storage.StorageContext`` (``trainable._storage``,
+  ``trial.storage``; built by :func:`storage_context` for tests and benchmarks):
+  ``_update_checkpoint_index``, ``_check_validation_file``,
+  ``_create_validation_file``, ``checkpoint_fs_path``, ``persist_artifacts``,
+  ``sync_config``, ``storage_filesystem``.
+* ``PopulationBasedTraining``: the hooks ``_checkpoint_or_exploit`` and
+  ``_exploit`` and ``_trial_state[trial].last_train_time``.
+* ``Trial.temporary_state.ray_actor`` (the trial's worker), ``_TrialInfo`` and the
+  ``TRIAL_INFO``/``STDOUT_FILE``/``STDERR_FILE`` config keys ``Trainable.reset``
+  takes (:func:`clone_in_place`).
+* Loggers whose exact messages the quickstart filters (see
+  :func:`quiet_ray_notices`).
+* The ``colorama`` Ray vendors (``ray/thirdparty_files``): its ``init()``
+  registers an exit hook that writes a colour reset to a terminal, after
+  the command's last line (:func:`drop_color_reset_at_exit`).
+
+This package's ``__init__`` holds the trainable, session and storage names;
+:mod:`tunekit._ray.pbt` the PBT hooks, :mod:`tunekit._ray.output` the output
+filters. Everything is re-exported here: tunekit calls ``_ray.<name>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import tune
+from ray.train._internal.checkpoint_manager import _TrainingResult
+from ray.train._internal.session import get_session
+from ray.tune.trainable import FunctionTrainable
+
+from tunekit._ray.output import (
+    RAY_NOTICES,
+    RAY_SYNC_FAILURE,
+    RAY_WARNINGS,
+    drop_color_reset_at_exit,
+    quiet_ray_notices,
+    quiet_tune_banner,
+)
+from tunekit._ray.pbt import PBTWithDonorChoice, clone_in_place, pin_donor_checkpoint, supports_clone
+
+__all__ = [
+    "FUNCTION_RUNNER_METHODS",
+    "PBTWithDonorChoice",
+    "RAY_NOTICES",
+    "RAY_SYNC_FAILURE",
+    "RAY_WARNINGS",
+    "TrainingResult",
+    "adopt_function_runner",
+    "clear_last_reported",
+    "clone_in_place",
+    "drop_color_reset_at_exit",
+    "function_runner_cleanup",
+    "function_runner_reset",
+    "give_session_checkpoint",
+    "has_local_storage",
+    "last_reported",
+    "last_result",
+    "local_trial_dir",
+    "next_local_checkpoint",
+    "pin_donor_checkpoint",
+    "publish_local_checkpoint",
+    "quiet_ray_notices",
+    "quiet_tune_banner",
+    "report_checkpoint_dir",
+    "session_report",
+    "set_iteration",
+    "set_restored",
+    "storage_context",
+    "supports_clone",
+    "trainable_storage",
+    "trial_filesystem",
+]
+
+#: What ``Trainable.save`` returns and ``Trainable.restore`` accepts.
+TrainingResult = _TrainingResult
+
+
+# -- class and function trainables ---------------------------------------------
+def last_result(trainable: tune.Trainable) -> dict[str, Any]:
+    """A copy of the trainable's last reported result (empty before the first)."""
+    return dict(trainable._last_result or {})
+
+
+def storage_context(storage_path: str, experiment: str, trial: str, *, validate: bool = False) -> Any:
+    """A trial's ``StorageContext``, to run a trainable outside Tune (tests, benchmarks).
+
+    ``validate=True`` writes the marker Tune's driver writes before a trial saves.
+    """
+    from ray.train._internal.storage import StorageContext
+
+    context = StorageContext(storage_path=storage_path, experiment_dir_name=experiment, trial_dir_name=trial)
+    if validate:
+        context._create_validation_file()
+    return context
+
+
+def trainable_storage(trainable: tune.Trainable) -> Any:
+    """The trial's ``StorageContext`` inside its actor, or None outside Tune."""
+    return getattr(trainable, "_storage", None)
+
+
+def has_local_storage(trainable: tune.Trainable) -> bool:
+    """Whether the trial's storage is the local filesystem (False outside Tune)."""
+    import pyarrow.fs as pafs
+
+    storage = trainable_storage(trainable)
+    return storage is not None and type(storage.storage_filesystem) is pafs.LocalFileSystem
+
+
+def local_trial_dir(trainable: tune.Trainable) -> str | None:
+    """The trial's directory when its storage is local (None otherwise, or outside Tune)."""
+    return trainable_storage(trainable).trial_fs_path if has_local_storage(trainable) else None
+
+
+def next_local_checkpoint(trainable: tune.Trainable) -> tuple[str, dict[str, Any]] | None:
+    """The next checkpoint's final directory when the trial's storage is local.
+
+    Advances the trial's checkpoint index exactly as ``Trainable.save`` does.
+    Returns ``(directory, metrics)``, or None when the trial has no storage or
+    the storage is not the local filesystem.
+    """
+    if not has_local_storage(trainable):
+        return None
+    storage = trainable_storage(trainable)
+    metrics = last_result(trainable)
+    storage._update_checkpoint_index(metrics)
+    storage._check_validation_file()
+    return storage.checkpoint_fs_path, metrics
+
+
+def publish_local_checkpoint(trainable: tune.Trainable, directory: str, metrics: dict[str, Any]) -> TrainingResult:
+    """What ``Trainable.save`` returns for a checkpoint written at ``directory``."""
+    storage = trainable_storage(trainable)
+    storage.persist_artifacts(force=storage.sync_config.sync_artifacts_on_checkpoint)
+    checkpoint = tune.Checkpoint(path=directory, filesystem=storage.storage_filesystem)
+    return TrainingResult(checkpoint=checkpoint, metrics=metrics)
+
+
+def report_checkpoint_dir(trainable: tune.Trainable, directory: str) -> TrainingResult:
+    """Upload a checkpoint directory the way a class trainable's ``save`` does."""
+    return trainable._report_class_trainable_checkpoint(directory, directory)
+
+
+def last_reported(trainable: tune.Trainable) -> TrainingResult | None:
+    """The function runner's last ``tune.report`` (metrics and checkpoint), if any."""
+    return trainable._last_training_result
+
+
+def clear_last_reported(trainable: tune.Trainable) -> None:
+    """Forget the function runner's last report (a reset worker starts a new run)."""
+    trainable._last_training_result = None
+
+
+def set_restored(trainable: tune.Trainable, metrics: dict[str, Any]) -> None:
+    """Set the trainable's counters as ``Trainable.restore`` does for ``metrics``."""
+    trainable._iteration = metrics.get("training_iteration", 0)
+    trainable._time_total = metrics.get("time_total_s", 0)
+    trainable._time_since_restore = 0.0
+    trainable._iterations_since_restore = 0
+    trainable._restored = True
+
+
+def set_iteration(trainable: tune.Trainable, iteration: int) -> None:
+    """Set Ray's iteration counter (its next result reports ``iteration + 1``); Ray has no public setter."""
+    trainable._iteration = iteration
+
+
+def give_session_checkpoint(checkpoint: Any) -> None:
+    """Hand ``checkpoint`` to the function runner's session (``tune.get_checkpoint``)."""
+    get_session().loaded_checkpoint = checkpoint
+
+
+def session_report(metrics: dict[str, Any]) -> None:
+    """Report from the function runner's thread without a checkpoint."""
+    get_session().report(metrics)
+
+
+#: FunctionTrainable methods that run a training function on a thread.
+FUNCTION_RUNNER_METHODS = ("setup", "step", "execute", "_report_thread_runner_error")
+
+
+def adopt_function_runner(cls: type) -> type:
+    """Give ``cls`` Ray's function-runner machinery without subclassing FunctionTrainable.
+
+    Tune refuses ``checkpoint_frequency``/``checkpoint_at_end`` for subclasses
+    of FunctionTrainable; a plain Trainable that runs the function the same
+    way is asked to save like any class trainable.
+    """
+    for name in FUNCTION_RUNNER_METHODS:
+        setattr(cls, name, getattr(FunctionTrainable, name))
+    return cls
+
+
+def function_runner_cleanup(trainable: tune.Trainable) -> None:
+    FunctionTrainable.cleanup(trainable)
+
+
+def function_runner_reset(trainable: tune.Trainable, new_config: dict[str, Any]) -> bool:
+    return FunctionTrainable.reset_config(trainable, new_config)
+
+
+# -- callbacks -------------------------------------------------------------------
+def trial_filesystem(trial: Any) -> Any:
+    """The ``pyarrow.fs.FileSystem`` a trial's :attr:`Trial.path` is on."""
+    return trial.storage.storage_filesystem

@@ -1,0 +1,142 @@
+"""Ray's PBT as tunekit extends it: a donor choice hook, in-place clones, pinned donor checkpoints.
+
+Part of :mod:`tunekit._ray` (the one place Ray's private names are used; see
+its docstring for the list). Private names here: ``PopulationBasedTraining``'s
+hooks ``_checkpoint_or_exploit`` and ``_exploit`` and
+``_trial_state[trial].last_train_time``; ``Trial.temporary_state.ray_actor``,
+``_TrialInfo`` and the ``TRIAL_INFO``/``STDOUT_FILE``/``STDERR_FILE`` config keys;
+the checkpoint manager's ``_latest_checkpoint_result``.
+
+Tested in ``tests/tunekit/test_ray_contract.py`` and ``tests/trainables/test_pbt_exploit.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import tune
+from ray.train._internal.checkpoint_manager import _TrainingResult
+from ray.tune.schedulers import PopulationBasedTraining
+from typing_extensions import override
+
+__all__ = ["PBTWithDonorChoice", "clone_in_place", "pin_donor_checkpoint", "supports_clone"]
+
+
+# -- PBT -------------------------------------------------------------------------
+class _NoPause:
+    """The controller as Ray's ``_exploit`` sees it, with ``pause_trial`` doing nothing."""
+
+    def __init__(self, controller: Any) -> None:
+        self._controller = controller
+
+    def pause_trial(self, trial: Any, should_checkpoint: bool = True) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._controller, name)
+
+
+def supports_clone(trial: Any) -> bool:
+    """Whether the trial's trainable can clone a donor in its own worker (tunekit trainables: ``tunekit_clone``)."""
+    try:
+        cls = trial.get_trainable_cls()
+    except Exception:  # noqa: BLE001 - unknown or unregistered trainable: Ray's path
+        return False
+    return isinstance(cls, type) and callable(getattr(cls, "tunekit_clone", None))
+
+
+def clone_in_place(trial: Any) -> None:
+    """Have a RUNNING trial's own worker take the trial's (new) config and restore ``trial.latest_checkpoint_result``.
+
+    What Tune does to resume a paused trial in a reused worker (``reset``
+    with the trial's config, then ``restore``), as one call on the worker
+    (``tunekit_clone``), sent before Tune's next task for the trial: a worker
+    runs one caller's calls in order. Tune does not track the call, so only
+    its own task in flight can fail if the worker dies (one failure, retried
+    from the trial's checkpoint - the donor's - with the new config; two
+    tracked tasks failing at once would end the trial in ERROR). A clone
+    that fails makes the trial's next step raise its error.
+    """
+    import copy
+
+    from ray.tune.experiment.trial import _TrialInfo
+    from ray.tune.result import STDERR_FILE, STDOUT_FILE, TRIAL_INFO
+
+    extra = copy.deepcopy(trial.config)
+    extra[TRIAL_INFO] = _TrialInfo(trial)
+    extra[STDOUT_FILE], extra[STDERR_FILE] = trial.log_to_file
+    trial.temporary_state.ray_actor.tunekit_clone.remote(extra, trial.latest_checkpoint_result, trial.storage)
+
+
+class PBTWithDonorChoice(PopulationBasedTraining):
+    """Ray's PBT with public hooks for whom a trial may clone and how it is cloned.
+
+    Ray decides "exploit or checkpoint" in the private ``_checkpoint_or_exploit``
+    and clones in the private ``_exploit``; subclasses override
+    :meth:`choose_quantiles` and :meth:`exploit_in_place` instead.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Trials exploited in place at the current result (the subclass answers NOOP for them).
+        self.exploited_in_place: set = set()
+
+    def choose_quantiles(self, trial: Any, upper: list, lower: list) -> tuple[list, list]:
+        """The (upper, lower) quantiles Ray's exploit decision sees for ``trial``."""
+        return upper, lower
+
+    def exploit_in_place(self, trial: Any) -> bool:
+        """Whether to clone the donor into ``trial`` in its running worker (default: Ray's pause)."""
+        return False
+
+    def last_scored_time(self, trial: Any) -> float:
+        """The ``time_attr`` of the trial's last score PBT recorded."""
+        return self._trial_state[trial].last_train_time
+
+    @override
+    def _checkpoint_or_exploit(self, trial: Any, tune_controller: Any, upper_quantile: list,
+                               lower_quantile: list) -> None:
+        upper, lower = self.choose_quantiles(trial, upper_quantile, lower_quantile)
+        super()._checkpoint_or_exploit(trial, tune_controller, upper, lower)
+
+    @override
+    def _exploit(self, tune_controller: Any, trial: Any, trial_to_clone: Any) -> None:
+        from ray.tune.experiment import Trial
+
+        if trial.status != Trial.RUNNING or not supports_clone(trial) or not self.exploit_in_place(trial):
+            super()._exploit(tune_controller, trial, trial_to_clone)
+            if supports_clone(trial):
+                pin_donor_checkpoint(trial)  # read when the paused trial resumes
+            return
+        # Ray's exploit (new config, tag, the donor's checkpoint as the trial's
+        # latest), but the trial keeps its worker: reset + restore run there.
+        super()._exploit(_NoPause(tune_controller), trial, trial_to_clone)
+        pin_donor_checkpoint(trial)
+        clone_in_place(trial)
+        self.exploited_in_place.add(trial)
+
+
+def pin_donor_checkpoint(trial: Any) -> None:
+    """Make the donor checkpoint Ray's exploit gave ``trial`` a pinned copy, which ``num_to_keep`` never deletes.
+
+    Between the scheduler's decision and the clone reading the checkpoint, the
+    donor goes on training: its next checkpoint makes Ray delete the one
+    chosen (``num_to_keep=1``). The trial is given the pin instead
+    (:func:`tunekit._trial_dir.pin_checkpoint`); the restore that reads it
+    removes it.
+    """
+    from tunekit._trial_dir import pin_checkpoint
+
+    manager = trial.run_metadata.checkpoint_manager
+    result = manager._latest_checkpoint_result
+    checkpoint = getattr(result, "checkpoint", None)
+    if checkpoint is None:
+        return
+    iteration = (result.metrics or {}).get("training_iteration")
+    pinned = pin_checkpoint(checkpoint.filesystem, checkpoint.path, iteration if isinstance(iteration, int) else None)
+    if pinned is not None:
+        manager._latest_checkpoint_result = _TrainingResult(
+            checkpoint=tune.Checkpoint(pinned, filesystem=checkpoint.filesystem), metrics=result.metrics
+        )
+
+
