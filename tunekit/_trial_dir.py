@@ -313,6 +313,10 @@ def pin_checkpoint(fs: pafs.FileSystem, path: str, iteration: int | None = None)
     if not CHECKPOINT_DIR.match(name):
         return None
     pin = posixpath.join(parent, f".{name}.pin-{uuid.uuid4().hex[:12]}")
+    if isinstance(fs, pafs.LocalFileSystem):
+        # A two-phase save announces its checkpoint before the directory exists (renamed into place once
+        # written): wait for the donor's write in flight, or it looks deleted and nothing is pinned.
+        await_write(path)
     for source in _same_state(fs, parent, name, iteration):
         if isinstance(fs, pafs.LocalFileSystem):
             await_write(source)

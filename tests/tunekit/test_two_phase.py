@@ -28,7 +28,7 @@ from tunekit import CheckpointError, read_state, verify_checkpoint, write_checkp
 from tunekit._trial_dir import leftovers
 from tunekit.state import StateBuffers, TrainingState
 from tunekit._restoring import local_request, prepare_restore
-from tunekit._trial_dir import await_write
+from tunekit._trial_dir import await_write, is_pinned, pin_checkpoint
 
 WRITER = textwrap.dedent(
     """
@@ -95,6 +95,24 @@ def test_restore_waits_for_a_checkpoint_still_being_written(trial_dir):
     assert verify_checkpoint(str(final)).ok and read_state(str(final))["w"][999] == 999
     # Once the new checkpoint is whole, the kept copy of the older one is gone; nothing else is left over.
     assert leftovers(pafs.LocalFileSystem(), str(trial_dir)) == []
+
+
+def test_a_pbt_pin_of_a_checkpoint_still_being_written_waits_for_it(trial_dir):
+    """The scheduler pins the donor's checkpoint as soon as the donor's save returned: with two-phase
+    saves, before the directory exists. The pin waits for the write instead of finding nothing."""
+    writer, go = _start_writer(trial_dir, "manifest")
+    final = trial_dir / "checkpoint_000001"
+    try:
+        assert not final.exists()
+        threading.Timer(0.5, go.touch).start()
+        pin = pin_checkpoint(pafs.LocalFileSystem(), str(final), 4)
+    finally:
+        go.touch()
+        writer.wait(timeout=60)
+    assert pin is not None and is_pinned(pin), "nothing was pinned"
+    assert read_state(pin)["w"][999] == 999  # the donor's new state, whole
+    shutil.rmtree(final)  # what Ray's num_to_keep may do next: the pin holds the state on
+    assert verify_checkpoint(pin).ok
 
 
 @pytest.mark.parametrize("phase", ["state", "manifest"])

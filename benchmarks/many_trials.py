@@ -1,0 +1,248 @@
+"""Benchmark: a sweep of many short trials, tunekit's trainables against a plain Ray Tune trainable.
+
+The sweep random search, ASHA and HyperBand users run: ``--trials`` trials
+(default 400) of ``--iterations`` iterations (default 4) of a tiny model
+(``torch.nn.Linear(16, 1)``, one SGD step per iteration), a checkpoint every 2
+iterations and at the end, ``reuse_actors=True``, on all CPUs. Variants, in
+one run (interleaved when ``--repeats`` > 1, best of each reported):
+
+* ``plain``: the anchor, a ``tune.Trainable`` that ``torch.save``s model and
+  optimizer and rebuilds both in ``reset_config``;
+* ``class``: the same training as a :class:`tunekit.TorchTrainable`;
+* ``function``: the same as a training function with a
+  :class:`tunekit.FunctionSession`, wrapped by :func:`tunekit.function_trainable`;
+* ``class+callbacks``: ``class`` with ``ParquetLogger()`` and ``ProgressPrinter("loss")``.
+
+Per-trial attribution from the trials' own timings: every worker logs how
+long each ``setup``, ``reset``, ``train``, ``save`` and ``stop`` took; the
+table gives each phase's milliseconds per trial, and what remains of the
+wall time is Ray's (scheduling, the driver, the callbacks). Then it times
+``tunekit status``, ``verify`` and ``report`` on the ``class`` experiment.
+
+Usage::
+
+    python benchmarks/many_trials.py                    # 400 trials, one run of each (about 5 minutes on 2 CPUs)
+    python benchmarks/many_trials.py --trials 100 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from ray import tune  # noqa: E402
+
+from pbt import PHASES_ENV, _timed  # noqa: E402
+from tunekit import FunctionSession, TorchTrainable, TrainingState, function_trainable  # noqa: E402
+
+VARIANTS = ("plain", "class", "function", "class+callbacks")
+PHASES = ("setup", "reset", "step", "first step after", "save", "save (nothing new)", "restore", "stop")
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(32, 16)
+    return x, x.sum(dim=1, keepdim=True)
+
+
+def _sgd_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float:
+    x, y = _batch()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return float(loss)
+
+
+class PlainShort(tune.Trainable):
+    """The anchor: what a Ray Tune user writes without tunekit."""
+
+    def setup(self, config: dict[str, Any]) -> None:
+        torch.manual_seed(config["seed"])
+        self.model = torch.nn.Linear(16, 1)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config["lr"])
+
+    def step(self) -> dict[str, float]:
+        return {"loss": _sgd_step(self.model, self.optimizer)}
+
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()},
+                   os.path.join(checkpoint_dir, "state.pt"))
+
+    def load_checkpoint(self, checkpoint_dir: str) -> None:
+        sd = torch.load(os.path.join(checkpoint_dir, "state.pt"), weights_only=True)
+        self.model.load_state_dict(sd["model"])
+        self.optimizer.load_state_dict(sd["optimizer"])
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        self.setup(new_config)
+        return True
+
+
+class TunekitShort(TorchTrainable):
+    """The same training as a tunekit class trainable."""
+
+    def build(self, config: dict[str, Any]) -> TrainingState:
+        model = torch.nn.Linear(16, 1)
+        return TrainingState(models={"model": model},
+                             optimizers={"opt": torch.optim.SGD(model.parameters(), lr=config["lr"])})
+
+    def train_iteration(self) -> dict[str, float]:
+        return {"loss": _sgd_step(self.state.models["model"], self.state.optimizers["opt"])}
+
+
+def train_short(config: dict[str, Any]) -> None:
+    """The same training as a tunekit function trainable."""
+    torch.manual_seed(config["seed"])
+    model = torch.nn.Linear(16, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
+    session = FunctionSession(TrainingState(models={"model": model}, optimizers={"opt": optimizer}), config=config)
+    while True:
+        session.report({"loss": _sgd_step(model, optimizer)})
+
+
+def _with_setup_timing(cls: type) -> type:
+    class Timed(_timed(cls)):  # type: ignore[misc, valid-type]
+        def setup(self, config: dict[str, Any]) -> None:
+            t0 = time.perf_counter()
+            super().setup(config)
+            self._log("setup", t0)
+
+    Timed.__name__ = Timed.__qualname__ = f"Timed{cls.__name__}"
+    return Timed
+
+
+def _trainable(variant: str) -> type:
+    if variant == "plain":
+        return _with_setup_timing(PlainShort)
+    if variant == "function":
+        return _with_setup_timing(function_trainable(train_short))
+    return _with_setup_timing(TunekitShort)
+
+
+def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: int,
+           phases_dir: str) -> tuple[float, dict[str, list[float]]]:
+    from tunekit.callbacks import ParquetLogger, ProgressPrinter
+
+    for f in os.listdir(phases_dir):
+        os.remove(os.path.join(phases_dir, f))
+    callbacks = [ParquetLogger(), ProgressPrinter("loss")] if variant == "class+callbacks" else []
+    tuner = tune.Tuner(
+        _trainable(variant),
+        param_space={"lr": tune.uniform(0.001, 0.1), "seed": tune.randint(0, 1_000_000)},
+        tune_config=tune.TuneConfig(num_samples=trials, reuse_actors=True),
+        run_config=tune.RunConfig(
+            name=name, storage_path=storage, stop={"training_iteration": iterations}, verbose=0,
+            callbacks=callbacks,
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2, checkpoint_at_end=True),
+        ),
+    )
+    t0 = time.perf_counter()
+    grid = tuner.fit()
+    wall = time.perf_counter() - t0
+    if grid.errors:
+        raise SystemExit(f"{name}: trials failed: {grid.errors[:1]}")
+    phases: dict[str, list[float]] = defaultdict(list)
+    for f in os.listdir(phases_dir):
+        for line in Path(phases_dir, f).read_text().splitlines():
+            record = json.loads(line)
+            phases[record["phase"]].append(record["ms"])
+    return wall, phases
+
+
+def _time_command(args: list[str], runs: int = 3) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "tunekit", *args], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=400)
+    parser.add_argument("--iterations", type=int, default=4)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--repeats", type=int, default=1, help="run each sweep N times, interleaved; best of N")
+    args = parser.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    if sorted(set(variants) - set(VARIANTS)) or args.repeats < 1 or args.trials < 1:
+        parser.error(f"--variants from {VARIANTS}, --repeats and --trials >= 1")
+
+    import ray
+    import ray.cloudpickle
+
+    import pbt
+
+    ray.cloudpickle.register_pickle_by_value(pbt)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    root = tempfile.mkdtemp(prefix="tunekit-many-trials-")
+    phases_dir = os.path.join(root, "phases")
+    os.makedirs(phases_dir)
+    os.environ[PHASES_ENV] = phases_dir
+    from tunekit._ray import quiet_tune_banner
+
+    quiet_tune_banner()
+    cpus = os.cpu_count() or 1
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    walls: dict[str, float] = {}
+    logs: dict[str, dict[str, list[float]]] = {}
+    try:
+        for repeat in range(args.repeats):
+            for variant in variants:
+                name = f"{variant.replace('+', '_')}-{repeat}"
+                wall, phases = _sweep(root, name, variant, trials=args.trials, iterations=args.iterations,
+                                      phases_dir=phases_dir)
+                print(f"  {variant:16s} run {repeat + 1}: {wall:7.1f} s", flush=True)
+                if wall < walls.get(variant, float("inf")):
+                    walls[variant], logs[variant] = wall, phases
+    finally:
+        ray.shutdown()
+    print(f"\n{args.trials} trials x {args.iterations} iterations, Linear(16, 1), checkpoint every 2 and at end, "
+          f"reuse_actors=True, {cpus} CPUs, best of {args.repeats}")
+    plain = walls.get("plain")
+    for variant in variants:
+        ratio = f"{walls[variant] / plain:6.2f}x plain" if plain else ""
+        print(f"  {variant:16s} {walls[variant]:7.1f} s  {ratio}")
+    print("\nper trial, from the trials' own timings (ms per trial: count x median):")
+    header = "  phase               " + "".join(f"{v:>18s}" for v in variants)
+    print(header)
+    for phase in PHASES:
+        if not any(logs[v].get(phase) for v in variants):
+            continue
+        cells = []
+        for v in variants:
+            times = logs[v].get(phase, [])
+            cells.append(f"{sum(times) / args.trials:10.2f} ({len(times) / args.trials:.1f}x)")
+        print(f"  {phase:20s}" + "".join(f"{c:>18s}" for c in cells))
+    for v in variants:
+        spent = sum(sum(t) for t in logs[v].values()) / 1e3
+        print(f"  {v}: workers spent {spent:.1f} s in these calls over {cpus} CPUs; the rest of {walls[v]:.1f} s "
+              "is Ray's (scheduling, the driver, callbacks)")
+    if "class" in variants:
+        experiment = os.path.join(root, f"class-{args.repeats - 1}")
+        print(f"\nreaders on the class experiment ({args.trials} trials), best of 3:")
+        for command in (["status", experiment], ["verify", experiment],
+                        ["report", experiment, "--metric", "loss", "--mode", "min",
+                         "--output", os.path.join(root, "report")]):
+            print(f"  tunekit {command[0]:8s} {_time_command(command):6.2f} s")
+    shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
