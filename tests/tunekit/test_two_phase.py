@@ -69,7 +69,7 @@ def trial_dir(tmp_path) -> Path:
 def _start_writer(trial: Path, hold_at: str) -> tuple[subprocess.Popen, Path]:
     go = trial.parent / f"go-{hold_at}"
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(trial / "checkpoint_000001"), hold_at, str(go)])
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600  # only keeps a broken run from hanging; nothing asserts on time
     while not Path(str(go) + ".held").exists():
         assert proc.poll() is None, "the writer process ended early"
         assert time.monotonic() < deadline, "the writer never reached its hold point"
@@ -116,7 +116,7 @@ def test_a_pbt_pin_of_a_checkpoint_still_being_written_waits_for_it(trial_dir):
 
 
 @pytest.mark.parametrize("phase", ["state", "manifest"])
-def test_a_writer_killed_mid_write_leaves_a_complete_checkpoint_to_restore(trial_dir, phase, capsys):
+def test_a_writer_killed_mid_write_leaves_a_complete_checkpoint_to_restore(trial_dir, phase, capsys, monkeypatch):
     from tunekit.cli import main
 
     writer, go = _start_writer(trial_dir, phase)
@@ -131,11 +131,11 @@ def test_a_writer_killed_mid_write_leaves_a_complete_checkpoint_to_restore(trial
     out = capsys.readouterr().out
     assert ".checkpoint_000000.kept  iter     2  good" in out
     assert "incomplete: an interrupted checkpoint write" in out
-    # Restoring what Tune registered last (the interrupted one) does not wait for a dead writer:
+    # Restoring what Tune registered last (the interrupted one) does not wait for a dead writer
+    # (with next to no time to wait, a live one would fail the restore with "still being written"):
     # it falls back at once to the newest complete checkpoint, the kept copy.
-    started = time.monotonic()
+    monkeypatch.setenv("TUNEKIT_CHECKPOINT_WAIT_S", "0.001")
     result, temps = prepare_restore(str(trial_dir / "checkpoint_000001"))
-    assert time.monotonic() - started < 30  # not the 600 s wait for a live writer
     assert Path(result.checkpoint.path).name == ".checkpoint_000000.kept" and not temps
     assert result.metrics["training_iteration"] == 2
     assert torch.equal(read_state(result.checkpoint.path)["w"], torch.zeros(1000))
