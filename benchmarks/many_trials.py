@@ -28,14 +28,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from ray import tune  # noqa: E402
 
-from pbt import PHASES_ENV, _timed  # noqa: E402
+from pbt import PHASES_ENV, clear_phases, read_phases, timed  # noqa: E402
 from tunekit import FunctionSession, TorchTrainable, TrainingState, function_trainable  # noqa: E402
 
 VARIANTS = ("plain", "class", "function", "class+callbacks")
@@ -114,7 +112,7 @@ def train_short(config: dict[str, Any]) -> None:
 
 
 def _with_setup_timing(cls: type) -> type:
-    class Timed(_timed(cls)):  # type: ignore[misc, valid-type]
+    class Timed(timed(cls)):  # type: ignore[misc, valid-type]
         def setup(self, config: dict[str, Any]) -> None:
             t0 = time.perf_counter()
             super().setup(config)
@@ -136,8 +134,7 @@ def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: in
            phases_dir: str) -> tuple[float, dict[str, list[float]]]:
     from tunekit.callbacks import ParquetLogger, ProgressPrinter
 
-    for f in os.listdir(phases_dir):
-        os.remove(os.path.join(phases_dir, f))
+    clear_phases(phases_dir)
     callbacks = [ParquetLogger(), ProgressPrinter("loss")] if variant == "class+callbacks" else []
     tuner = tune.Tuner(
         _trainable(variant),
@@ -154,12 +151,7 @@ def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: in
     wall = time.perf_counter() - t0
     if grid.errors:
         raise SystemExit(f"{name}: trials failed: {grid.errors[:1]}")
-    phases: dict[str, list[float]] = defaultdict(list)
-    for f in os.listdir(phases_dir):
-        for line in Path(phases_dir, f).read_text().splitlines():
-            record = json.loads(line)
-            phases[record["phase"]].append(record["ms"])
-    return wall, phases
+    return wall, read_phases(phases_dir)
 
 
 def _time_command(args: list[str], runs: int = 3) -> float:

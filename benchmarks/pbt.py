@@ -50,7 +50,7 @@ SCHEDULERS = ("none", "ray_pbt", "pbt_setup")
 TRAINABLES = ("plain", "class", "function")
 
 
-def _timed(base: type) -> type:
+def timed(base: type) -> type:
     """``base`` whose workers log the duration of each Trainable call to $TUNEKIT_BENCH_PHASES."""
 
     class Timed(base):  # type: ignore[misc, valid-type]
@@ -102,7 +102,7 @@ def _trainable(name: str) -> type:
 
     from tunekit.trainables import DigitsTrainable, TrainDigits
 
-    return _timed({"plain": PlainDigits, "class": DigitsTrainable, "function": TrainDigits}[name])
+    return timed({"plain": PlainDigits, "class": DigitsTrainable, "function": TrainDigits}[name])
 
 
 def _sweep(storage: str, name: str, *, trainable: str, scheduler: str, trials: int, iterations: int,
@@ -122,8 +122,7 @@ def _sweep(storage: str, name: str, *, trainable: str, scheduler: str, trials: i
     elif scheduler == "ray_pbt":
         kwargs["scheduler"] = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=interval,
                                                       hyperparam_mutations=mutations)
-    for f in os.listdir(phases_dir):
-        os.remove(os.path.join(phases_dir, f))
+    clear_phases(phases_dir)
     tuner = tune.Tuner(
         cls,
         param_space={"hidden_size": 64, "steps_per_iteration": steps, "seed": tune.grid_search(list(range(trials))),
@@ -137,12 +136,23 @@ def _sweep(storage: str, name: str, *, trainable: str, scheduler: str, trials: i
     wall = time.perf_counter() - t0
     if grid.errors:
         raise SystemExit(f"{name}: trials failed: {grid.errors}")
+    return wall, read_phases(phases_dir)
+
+
+def clear_phases(phases_dir: str) -> None:
+    """Forget the calls logged by the previous sweep."""
+    for f in os.listdir(phases_dir):
+        os.remove(os.path.join(phases_dir, f))
+
+
+def read_phases(phases_dir: str) -> dict[str, list[float]]:
+    """phase -> the duration (ms) of each call the workers logged in ``phases_dir``."""
     phases: dict[str, list[float]] = defaultdict(list)
     for f in os.listdir(phases_dir):
         for line in Path(phases_dir, f).read_text().splitlines():
             record = json.loads(line)
             phases[record["phase"]].append(record["ms"])
-    return wall, phases
+    return phases
 
 
 def _describe(phases: dict[str, list[float]]) -> str:
