@@ -154,14 +154,17 @@ def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: in
     return wall, read_phases(phases_dir)
 
 
-def _time_command(args: list[str], runs: int = 3) -> float:
-    best = float("inf")
+def _time_command(args: list[str], runs: int = 3) -> str:
+    """Best wall time of ``tunekit ARGS`` (a fresh process each run), and its exit status."""
+    best, code = float("inf"), 0
     for _ in range(runs):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "tunekit", *args], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, check=False)
-        best = min(best, time.perf_counter() - t0)
-    return best
+        done = subprocess.run([sys.executable, "-c", "import sys; from tunekit.cli import main; sys.exit(main())",
+                               *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
+        best, code = min(best, time.perf_counter() - t0), done.returncode
+        if code not in (0, 2):  # 2: damage reported, still a full read
+            return f"failed (exit {code}): {done.stderr.strip().splitlines()[-1:]}"
+    return f"{best:6.2f} s (exit {code})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for v in variants:
             times = logs[v].get(phase, [])
-            cells.append(f"{sum(times) / args.trials:10.2f} ({len(times) / args.trials:.1f}x)")
+            cells.append(f"{sum(times) / args.trials:9.2f} ({len(times) / args.trials:.2f}x)")
         print(f"  {phase:20s}" + "".join(f"{c:>18s}" for c in cells))
     for v in variants:
         spent = sum(sum(t) for t in logs[v].values()) / 1e3
@@ -231,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         for command in (["status", experiment], ["verify", experiment],
                         ["report", experiment, "--metric", "loss", "--mode", "min",
                          "--output", os.path.join(root, "report")]):
-            print(f"  tunekit {command[0]:8s} {_time_command(command):6.2f} s")
+            print(f"  tunekit {command[0]:8s} {_time_command(command)}")
     shutil.rmtree(root, ignore_errors=True)
     return 0
 
