@@ -183,7 +183,7 @@ def test_pbt_trial_state_records_the_last_scored_time():
 
 def _tunekit_modules():
     for package in (tunekit, tunekit.callbacks, tunekit.trainables):
-        for info in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             if info.name.endswith(("cli", "ddp")):  # no Ray classes; ddp needs Train workers
                 continue
             yield importlib.import_module(info.name)
@@ -208,7 +208,7 @@ def test_every_override_overrides_a_ray_hook():
                         f"{where}: Ray's {base.__qualname__}.{name} takes {theirs}, tunekit's {ours}"
                     )
                 checked.append(where)
-    assert "tunekit._ray.PBTWithDonorChoice._checkpoint_or_exploit" in checked
+    assert "tunekit._ray.pbt.PBTWithDonorChoice._checkpoint_or_exploit" in checked
     assert "tunekit.torch_trainable.TorchTrainable.save_checkpoint" in checked
     assert "tunekit.callbacks.steps.CheckpointByStepsTaken.on_trial_result" in checked
 
