@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from ray import tune  # noqa: E402
 
-from pbt import PHASES_ENV, clear_phases, read_phases, timed  # noqa: E402
+from pbt import PHASES_ENV, clear_phases, fit_and_read_phases, timed  # noqa: E402
 from tunekit import FunctionSession, TorchTrainable, TrainingState, function_trainable  # noqa: E402
 
 VARIANTS = ("plain", "class", "function", "class+callbacks")
@@ -146,12 +146,7 @@ def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: in
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2, checkpoint_at_end=True),
         ),
     )
-    t0 = time.perf_counter()
-    grid = tuner.fit()
-    wall = time.perf_counter() - t0
-    if grid.errors:
-        raise SystemExit(f"{name}: trials failed: {grid.errors[:1]}")
-    return wall, read_phases(phases_dir)
+    return fit_and_read_phases(tuner, name, phases_dir)
 
 
 def _time_command(args: list[str], runs: int = 3) -> str:

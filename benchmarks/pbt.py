@@ -41,6 +41,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -131,11 +132,16 @@ def _sweep(storage: str, name: str, *, trainable: str, scheduler: str, trials: i
         run_config=tune.RunConfig(name=name, storage_path=storage, stop={"training_iteration": iterations},
                                   checkpoint_config=setup.checkpoint_config, verbose=0),
     )
+    return fit_and_read_phases(tuner, name, phases_dir)
+
+
+def fit_and_read_phases(tuner: Any, name: str, phases_dir: str) -> tuple[float, dict[str, list[float]]]:
+    """``tuner.fit()``'s wall time (any failed trial ends the benchmark) and the phases its workers logged."""
     t0 = time.perf_counter()
     grid = tuner.fit()
     wall = time.perf_counter() - t0
     if grid.errors:
-        raise SystemExit(f"{name}: trials failed: {grid.errors}")
+        raise SystemExit(f"{name}: {len(grid.errors)} trial(s) failed, the first: {grid.errors[0]}")
     return wall, read_phases(phases_dir)
 
 

@@ -319,7 +319,6 @@ def pin_checkpoint(fs: pafs.FileSystem, path: str, iteration: int | None = None)
         await_write(path)
     for source in _same_state(fs, parent, name, iteration):
         if isinstance(fs, pafs.LocalFileSystem):
-            await_write(source)
             staging = f"{pin}.linking"
             try:
                 os.makedirs(staging)

@@ -116,9 +116,11 @@ class FunctionSession:
         self.config = dict(config or {})
         self.mutable = tuple(mutable)
         adapter = _running_adapter()
+        if name is None and adapter is not None:
+            fn = type(adapter)._train_fn
+            name = f"{fn.__module__}:{fn.__qualname__}"
         if name is None:
-            fn = type(adapter)._train_fn if adapter is not None else None
-            name = f"{fn.__module__}:{fn.__qualname__}" if fn is not None else "function"
+            name = "function"
         self.name = name
         self.content = TrialContent(state, self.config, self.mutable, apply or self._default_apply, name)
         self.restored_from: str | None = None
