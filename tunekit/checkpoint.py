@@ -55,6 +55,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -132,8 +133,12 @@ class _HashingWriter:
 
     def __init__(self, fh: Any) -> None:
         self.fh, self.digest, self.size = fh, new_hash(WRITTEN_HASH), 0
+        self._on_first_write: Any = None
 
     def write(self, data: Any) -> int:
+        if self._on_first_write is not None:
+            self._on_first_write()
+            self._on_first_write = None
         view = memoryview(data).cast("B")
         self.digest.update(view)
         self.fh.write(view)
@@ -156,6 +161,46 @@ def _write_phase(phase: str) -> None:
     hook = _on_write_phase
     if hook is not None:
         hook(phase)
+
+
+_CRC32_OPTION = threading.Lock()
+
+
+def _torch_save_without_crc32(state: dict[str, Any], writer: _HashingWriter) -> None:
+    """``torch.save(state, writer)`` without the zip format's per-record CRC32.
+
+    The CRC32 is about 40% of the write's CPU time (0.17 s of 0.42 s for
+    0.75 GiB here), spent on the helper thread while training runs on the
+    other core; the manifest's XXH3 hashes already cover every byte and are
+    what restore verifies, and ``torch.load`` does not check the CRC. torch's
+    switch is process-wide and read once, when ``torch.save`` opens its zip
+    writer (before the first write), so it is off only until that first write:
+    a ``torch.save`` of the user's in another thread in that window (a few ms)
+    would also skip its CRC32, which costs it nothing ``torch.load`` needs.
+    """
+    import torch
+    import torch.serialization as ts
+
+    if not hasattr(ts, "set_crc32_options"):  # torch < 2.5 has no switch
+        torch.save(state, writer)
+        return
+    _CRC32_OPTION.acquire()  # one writer at a time flips the switch; released at the first write
+    before = ts.get_crc32_options()
+    restored = False
+
+    def restore() -> None:
+        nonlocal restored
+        if not restored:
+            restored = True
+            ts.set_crc32_options(before)
+            _CRC32_OPTION.release()
+
+    ts.set_crc32_options(False)
+    writer._on_first_write = restore
+    try:
+        torch.save(state, writer)
+    finally:
+        restore()
 
 
 def fsync_paths(paths: list[Path]) -> None:
@@ -218,7 +263,7 @@ def write_checkpoint(
     files: dict[str, dict[str, Any]] = {}
     with open(path / STATE_FILE, "wb") as fh:
         writer = _HashingWriter(fh)
-        torch.save(state, writer)
+        _torch_save_without_crc32(state, writer)
         fh.flush()
         if sync:
             os.fsync(fh.fileno())

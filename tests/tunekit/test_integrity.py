@@ -260,3 +260,26 @@ def test_a_newer_manifest_format_is_unsupported_not_corrupt(pristine, tmp_path, 
     assert "1 good, 0 incomplete, 0 corrupt, 1 unsupported" in out
     assert main(["status", str(tmp_path / "exp")]) == 0
     assert "checkpoint_000001 is unsupported: written by a newer tunekit" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not hasattr(torch.serialization, "set_crc32_options"), reason="torch < 2.5 has no CRC32 switch")
+def test_a_checkpoint_skips_torch_crc32_and_leaves_the_users_setting_as_it_was(tmp_path):
+    """state.pt is written without the zip CRC32 (XXH3 covers it); torch.load reads it; torch.save keeps its CRC."""
+    import zipfile
+
+    state = {"w": torch.arange(1000, dtype=torch.float32)}
+    for users_setting in (True, False):
+        torch.serialization.set_crc32_options(users_setting)
+        try:
+            directory = write_checkpoint(tmp_path / f"ckpt{users_setting}", state, durable=False)
+            assert torch.serialization.get_crc32_options() is users_setting
+        finally:
+            torch.serialization.set_crc32_options(True)
+        assert verify_checkpoint(str(directory)).status == "good"
+        assert torch.equal(torch.load(directory / "state.pt", weights_only=True)["w"], state["w"])
+        with zipfile.ZipFile(directory / "state.pt") as archive:
+            crcs = {info.filename.rsplit("/", 1)[-1]: info.CRC for info in archive.infolist()}
+        assert crcs["0"] == 0  # the tensor's record: no CRC32 computed
+    torch.save(state, tmp_path / "users.pt")  # the user's own torch.save still computes it
+    with zipfile.ZipFile(tmp_path / "users.pt") as archive:
+        assert archive.testzip() is None
