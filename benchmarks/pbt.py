@@ -107,7 +107,7 @@ def _trainable(name: str) -> type:
 
 
 def _sweep(storage: str, name: str, *, trainable: str, scheduler: str, trials: int, iterations: int,
-           interval: int, steps: int, phases_dir: str) -> tuple[float, dict[str, list[float]]]:
+           interval: int, steps: int, phases_dir: str, metric: str = "accuracy") -> tuple[float, dict[str, list[float]]]:
     from ray import tune
     from ray.tune.schedulers import PopulationBasedTraining
 
@@ -116,8 +116,9 @@ def _sweep(storage: str, name: str, *, trainable: str, scheduler: str, trials: i
     quiet_pbt_keep_warning()
     cls = _trainable(trainable)
     mutations = {"lr": tune.loguniform(1e-3, 0.5), "momentum": [0.0, 0.5, 0.9]}
-    setup = pbt_setup(cls, metric="accuracy", mode="max", perturbation_interval=interval, mutations=mutations)
-    kwargs = {"metric": "accuracy", "mode": "max", "reuse_actors": True}
+    mode = "max" if metric == "accuracy" else "min"
+    setup = pbt_setup(cls, metric=metric, mode=mode, perturbation_interval=interval, mutations=mutations)
+    kwargs = {"metric": metric, "mode": mode, "reuse_actors": True}
     if scheduler == "pbt_setup":
         kwargs = setup.tune_config_kwargs()
     elif scheduler == "ray_pbt":
@@ -186,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedulers", default=",".join(SCHEDULERS))
     parser.add_argument("--repeats", type=int, default=1,
                         help="run every sweep N times, interleaved; report each one's best (fastest) run")
+    parser.add_argument("--metric", choices=("accuracy", "loss"), default="accuracy",
+                        help="what the schedulers rank by: validation accuracy (max; ties once it saturates, "
+                             "on which Ray's PBT can loop) or validation loss (min; no ties)")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: expected an integer >= 1")
@@ -227,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                             wall, log = _sweep(
                                 root, "_".join(map(str, key)) + f"_{repeat}", trainable=trainable,
                                 scheduler=scheduler, trials=trials, iterations=args.iterations,
-                                interval=args.interval, steps=steps, phases_dir=phases_dir)
+                                interval=args.interval, steps=steps, phases_dir=phases_dir, metric=args.metric)
                             runs.setdefault(key, []).append(wall)
                             if key not in walls or wall < walls[key]:
                                 walls[key], logs[key] = wall, log
@@ -235,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                                   f"{trainable:9s} {scheduler:10s} {wall:7.2f} s   {_describe(log)}", flush=True)
         print()
         print(f"machine: {platform.machine()}, {cpus} CPUs, Python {platform.python_version()}, ray {ray.__version__}")
-        print(f"{args.iterations} iterations, perturbation and checkpoint every {args.interval}, reuse_actors=True")
+        print(f"{args.iterations} iterations, perturbation and checkpoint every {args.interval}, reuse_actors=True, "
+              f"ranked by validation {args.metric}")
         if args.repeats > 1:
             print(f"best of {args.repeats} runs per sweep (all runs: wall s, in order)")
             for key, all_walls in runs.items():
