@@ -9,6 +9,8 @@ from tunekit.callbacks.improvement import CheckpointOnImprovement
 from tunekit.callbacks.parquet import ParquetLogger
 from tunekit.callbacks.preemption import CheckpointOnPreemption
 from tunekit.callbacks.progress import ProgressPrinter
+from tunekit.callbacks.record import ExperimentRecord
+from tunekit.callbacks.retention import KeepCheckpoints
 from tunekit.callbacks.steps import CheckpointByStepsTaken
 from tunekit.callbacks.timed import CheckpointByTime
 
@@ -17,6 +19,8 @@ __all__ = [
     "CheckpointByTime",
     "CheckpointOnImprovement",
     "CheckpointOnPreemption",
+    "ExperimentRecord",
+    "KeepCheckpoints",
     "ParquetLogger",
     "ProgressPrinter",
 ]

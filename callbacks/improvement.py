@@ -7,18 +7,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT
 from typing_extensions import override
 
 from tunekit._checks import positive_number
 from tunekit.errors import ConfigError
+from tunekit.callbacks.record import TunekitCallback
 
 __all__ = ["CheckpointOnImprovement"]
 
 
-class CheckpointOnImprovement(tune.Callback):
+class CheckpointOnImprovement(TunekitCallback):
     """Request a checkpoint whenever ``metric`` beats the trial's best by more than ``min_delta``.
 
     The first reported value is an improvement (over nothing). A result

@@ -14,18 +14,18 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from ray import tune
 from ray.tune.experiment import Trial
 from typing_extensions import override
 
 from tunekit._checks import integer_at_least, positive_number
 from tunekit._ray import trial_filesystem
 from tunekit.table import RESULTS_DIR, flatten_result, rows_to_table
+from tunekit.callbacks.record import TunekitCallback
 
 __all__ = ["ParquetLogger"]
 
 
-class ParquetLogger(tune.Callback):
+class ParquetLogger(TunekitCallback):
     """Write every trial result, in batches, to ``EXP/tunekit_results/*.parquet``.
 
     Rows are flattened (``config/lr``), keyed by ``trial_id`` and
@@ -67,6 +67,9 @@ class ParquetLogger(tune.Callback):
         self._written: list[str] = []
         self._last_flush = 0.0
 
+    def _recorded_kwargs(self) -> dict[str, Any]:
+        return {"batch_rows": self.batch_rows, "flush_seconds": self.flush_seconds}
+
     def __getstate__(self) -> dict[str, Any]:
         # Tune stores callbacks with the experiment: keep the settings only.
         return {"batch_rows": self.batch_rows, "flush_seconds": self.flush_seconds, "_clock": self._clock}
@@ -76,6 +79,7 @@ class ParquetLogger(tune.Callback):
 
     @override
     def setup(self, **info: Any) -> None:
+        super().setup(**info)
         self._session = f"{int(time.time() * 1000):013d}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._last_flush = self._clock()
 
@@ -103,6 +107,7 @@ class ParquetLogger(tune.Callback):
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         self.flush()
         self.compact()
+        super().on_experiment_end(trials, **info)
 
     def compact(self) -> None:
         """Merge this session's batch files into one file, then delete them."""

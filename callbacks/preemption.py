@@ -10,20 +10,20 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT
 from typing_extensions import override
 
 from tunekit._checks import positive_number
 from tunekit.errors import ConfigError, ConfigTypeError
+from tunekit.callbacks.record import TunekitCallback
 
 __all__ = ["CheckpointOnPreemption"]
 
 logger = logging.getLogger(__name__)
 
 
-class CheckpointOnPreemption(tune.Callback):
+class CheckpointOnPreemption(TunekitCallback):
     """On SIGTERM, a predicate or a notice file: checkpoint all running trials, then stop.
 
     Once triggered, every running trial checkpoints at its next result; when
@@ -88,6 +88,7 @@ class CheckpointOnPreemption(tune.Callback):
 
     @override
     def setup(self, **info: Any) -> None:
+        super().setup(**info)
         if threading.current_thread() is threading.main_thread():
             for sig in self.signals:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
@@ -97,6 +98,7 @@ class CheckpointOnPreemption(tune.Callback):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        super().on_experiment_end(trials, **info)
 
     @override
     def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:

@@ -6,17 +6,17 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ray import tune
 from ray.tune.experiment import Trial
 from typing_extensions import override
 
 from tunekit._checks import number_at_least
 from tunekit.errors import ConfigError
+from tunekit.callbacks.record import TunekitCallback
 
 __all__ = ["ProgressPrinter", "error_line"]
 
 
-class ProgressPrinter(tune.Callback):
+class ProgressPrinter(TunekitCallback):
     """Print one status line at most every ``interval_s`` seconds, and each trial's end."""
 
     def __init__(self, metric: str, *, interval_s: float = 5.0, stream: TextIO | None = None) -> None:
@@ -30,6 +30,9 @@ class ProgressPrinter(tune.Callback):
         self._last_print = float("-inf")
         self._latest: dict[str, dict[str, Any]] = {}
         self._failed: dict[str, str] = {}
+
+    def _recorded_kwargs(self) -> dict[str, Any]:
+        return {"metric": self.metric, "interval_s": self.interval_s}
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles callbacks into the experiment state; a stream is not state.
@@ -72,6 +75,7 @@ class ProgressPrinter(tune.Callback):
         """The failed trials again, one line each, after Ray's own output."""
         for trial_id, reason in sorted(self._failed.items()):
             self._print(f"failed: {trial_id}: {reason}")
+        super().on_experiment_end(trials, **info)
 
 
 def error_line(trial: Trial) -> str:

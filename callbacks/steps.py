@@ -7,19 +7,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT, TRAINING_ITERATION
 from typing_extensions import override
 
 from tunekit._checks import integer_at_least
+from tunekit.callbacks.record import TunekitCallback
 
 ITERATIONS_SINCE_RESTORE = "iterations_since_restore"  # autofilled by Trainable.train
 
 __all__ = ["CheckpointByStepsTaken"]
 
 
-class CheckpointByStepsTaken(tune.Callback):
+class CheckpointByStepsTaken(TunekitCallback):
     """Request a checkpoint when a trial has taken N iterations since its last one.
 
     Counting starts at iteration 0, so with N=5 a trial checkpoints after

@@ -8,19 +8,19 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from ray import tune
 from ray.tune.experiment import Trial
 from ray.tune.result import SHOULD_CHECKPOINT
 from typing_extensions import override
 
 from tunekit._checks import positive_number
+from tunekit.callbacks.record import TunekitCallback
 
 ITERATIONS_SINCE_RESTORE = "iterations_since_restore"  # autofilled by Trainable.train
 
 __all__ = ["CheckpointByTime"]
 
 
-class CheckpointByTime(tune.Callback):
+class CheckpointByTime(TunekitCallback):
     """Request a checkpoint when ``seconds`` of wall time passed since the trial's last one.
 
     A trial's clock starts at its first result (after a restore: at its first

@@ -221,5 +221,7 @@ def _summarize(grid: Any, experiment: Any, wall: float, out: TextIO) -> Quicksta
     print(f"best checkpoint: {summary.best_checkpoint}", file=out)
     print(f"finished in {wall:.1f}s; experiment at {summary.experiment_path}", file=out)
     print(f"next: tunekit status {summary.experiment_path} --metric {METRIC} --mode max; "
-          f"tunekit report {summary.experiment_path}", file=out, flush=True)
+          f"tunekit report {summary.experiment_path}", file=out)
+    print("your own trainable: tunekit check my_module:MyTrainable --config '{...}' proves it resumes "
+          "bit-exactly (or names what breaks it)", file=out, flush=True)
     return summary

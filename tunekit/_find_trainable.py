@@ -10,13 +10,10 @@ Tested in ``tests/tunekit/test_resume.py``.
 from __future__ import annotations
 
 import importlib
-import pickletools
-import posixpath
 import sys
 from typing import Any
 
-import pyarrow.fs as pafs
-
+from tunekit._pickles import pickle_globals, read_tuner_pickle
 from tunekit.checkpoint import read_metadata
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.snapshot import ExperimentSnapshot
@@ -79,23 +76,6 @@ def _alias_moved_packages(references: list[tuple[str, str]]) -> None:
             sys.modules.setdefault(name, importlib.import_module(f"tunekit.{name}"))
 
 
-def _pickle_globals(data: bytes) -> list[tuple[str, str]]:
-    """(module, name) references in a pickle, read from its opcodes; nothing is executed."""
-    found, strings = [], []
-    try:
-        for opcode, arg, _ in pickletools.genops(data):
-            if opcode.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
-                strings.append(arg)
-            elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
-                found.append((strings[-2], strings[-1]))
-            elif opcode.name == "GLOBAL" and isinstance(arg, str):
-                module, _, name = arg.partition(" ")
-                found.append((module, name))
-    except Exception:  # a damaged pickle: use what was read up to there
-        pass
-    return found
-
-
 def _recorded_trainables(snapshot: ExperimentSnapshot) -> list[str]:
     specs = []
     for trial in snapshot.trials:
@@ -139,21 +119,30 @@ def _as_trainable(obj: Any) -> Any:
                       "or a training function of one argument, config")
 
 
-def find_trainable(experiment: Storage, snapshot: ExperimentSnapshot, spec: str | None = None) -> tuple[Any, str]:
-    """The trainable to resume ``experiment`` with, and where it was found."""
+def find_trainable(experiment: Storage, snapshot: ExperimentSnapshot, spec: str | None = None,
+                   record: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """The trainable to resume ``experiment`` with, and where it was found.
+
+    In this order: ``spec``; the checkpoints' ``tunekit.json``; tunekit's
+    experiment record (``record``); the references in ``tuner.pkl``.
+    """
     if spec:
         return _as_trainable(import_trainable(spec)), spec
-    raw = _tuner_pickle(experiment)
-    for recorded in _recorded_trainables(snapshot):
+    raw = read_tuner_pickle(experiment)
+    in_record = (record or {}).get("trainable")
+    candidates = [(c, "recorded in its checkpoints") for c in _recorded_trainables(snapshot)]
+    if isinstance(in_record, str) and ":" in in_record:
+        candidates.append((in_record, "recorded in tunekit-experiment.json"))
+    names = {t.trainable_name for t in snapshot.trials if t.trainable_name}
+    for recorded, where in candidates:
         if recorded.startswith("ray."):  # tunekit < 0.4 recorded the class tune.with_resources made
             recorded = _unwrapped(recorded, raw)
         try:
-            return _as_trainable(import_trainable(recorded)), f"{recorded} (recorded in its checkpoints)"
+            return _named_as(_as_trainable(import_trainable(recorded)), names), f"{recorded} ({where})"
         except ConfigError:
             continue
-    names = {t.trainable_name for t in snapshot.trials if t.trainable_name}
     if raw and names:
-        for module, name in _pickle_globals(raw):
+        for module, name in pickle_globals(raw):
             if name.split(".")[-1] in names and not module.startswith(("ray.", "builtins", "__main__")):
                 spec = f"{module}:{name}"
                 try:
@@ -167,24 +156,27 @@ def find_trainable(experiment: Storage, snapshot: ExperimentSnapshot, spec: str 
     )
 
 
+def _named_as(obj: Any, names: set[str]) -> Any:
+    """A function trainable under the name Ray registered it by (``function_trainable(fn, name=...)``).
+
+    Checkpoints record the training function; ``Tuner.restore`` accepts only a
+    trainable of the name the run used, so the wrapper is renamed to it.
+    """
+    if len(names) != 1 or not hasattr(obj, "_train_fn") or obj.__name__ in names:
+        return obj
+    name = next(iter(names))
+    return type(name, (obj,), {"__module__": obj.__module__, "_name": name})
+
+
 def _unwrapped(spec: str, raw: bytes | None) -> str:
     """``ray.tune.trainable.util:Name`` -> the user's ``module:Name`` that tuner.pkl refers to (else tunekit's)."""
     name = spec.partition(":")[2]
-    for module, attr in _pickle_globals(raw or b""):
+    for module, attr in pickle_globals(raw or b""):
         if attr == name and not module.startswith(("ray.", "builtins", "__main__")):
             return f"{module}:{attr}"
     return f"tunekit.trainables:{name}"
 
 
-def _tuner_pickle(experiment: Storage) -> bytes | None:
-    """The bytes of ``tuner.pkl`` (read, never unpickled here), or None."""
-    path = posixpath.join(experiment.path, "tuner.pkl")
-    if experiment.filesystem.get_file_info(path).type != pafs.FileType.File:
-        return None
-    with experiment.filesystem.open_input_stream(path) as stream:
-        return stream.read()
-
-
 def alias_moved_packages(experiment: Storage) -> None:
     """Before ``Tuner.restore``: make the old top-level module names ``tuner.pkl`` refers to importable."""
-    _alias_moved_packages(_pickle_globals(_tuner_pickle(experiment) or b""))
+    _alias_moved_packages(pickle_globals(read_tuner_pickle(experiment) or b""))

@@ -40,6 +40,8 @@ SIGKILLed inside each phase of a write).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -262,13 +264,51 @@ def commit_checkpoint(staging: str, final: str, write: Callable[[str], None], du
         if os.path.lexists(final):  # Ray would overwrite it too (a re-saved index)
             shutil.rmtree(final)
         os.rename(staging, final)
-    except BaseException:
+    except BaseException as exc:
+        written = _tree_bytes(staging)
         shutil.rmtree(staging, ignore_errors=True)
+        if _no_space(exc):
+            raise CheckpointError(_no_space_line(final, written)) from exc
         raise
     durability.sync(final)
     parent, name = os.path.split(final)
     if match := CHECKPOINT_DIR.match(name):
         tidy(parent, int(match[1]))
+
+
+def _no_space(exc: BaseException) -> bool:
+    """Whether a write failed for lack of space (torch.save wraps the ``OSError`` in a ``RuntimeError``)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _tree_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def _no_space_line(final: str, written: int) -> str:
+    """One line: where the disk is full, about how many bytes the checkpoint needs, how many are free."""
+    from tunekit.table import format_bytes
+
+    parent, name = os.path.split(final)
+    previous = [e for e in os.scandir(parent) if CHECKPOINT_DIR.match(e.name) and e.path != final] \
+        if os.path.isdir(parent) else []
+    sizes = [written] + ([_tree_bytes(max(previous, key=lambda e: e.name).path)] if previous else [])
+    needs = max(sizes)  # the previous checkpoint holds the same state: about as many bytes
+    free = shutil.disk_usage(parent).free if os.path.isdir(parent) else 0
+    return (f"no space left on the device of {parent}: {name} needs about {format_bytes(needs)} ({needs} bytes), "
+            f"{format_bytes(free)} free; its partial write was removed, the trial's previous checkpoint is untouched")
 
 
 def save_again(trainable: tune.Trainable, previous: Any, *, durability: Durability) -> TrainingResult | None:

@@ -178,6 +178,10 @@ class ExperimentSnapshot:
     problems: list[str] = field(default_factory=list)
     #: PBT exploits, in the order Ray logged them.
     exploits: list[Exploit] = field(default_factory=list)
+    #: ``experiment_state-*.json`` files newer than :attr:`state_file` that are damaged (newest first).
+    damaged_state_files: list[str] = field(default_factory=list)
+    #: Why ``tuner.pkl`` is not a whole pickle, or None (whole, or absent).
+    tuner_pickle_damage: str | None = None
     _verdicts: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property

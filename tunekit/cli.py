@@ -53,13 +53,8 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
     from tunekit.trainables.quickstart import run_quickstart
 
     summary = run_quickstart(
-        num_samples=args.num_samples,
-        max_iterations=args.max_iterations,
-        storage_path=args.storage_path,
-        name=args.name,
-        cpus=args.cpus,
-        gpus_per_trial=args.gpus_per_trial,
-        address=args.address,
+        num_samples=args.num_samples, max_iterations=args.max_iterations, storage_path=args.storage_path,
+        name=args.name, cpus=args.cpus, gpus_per_trial=args.gpus_per_trial, address=args.address,
         shared_storage=args.shared_storage,
     )
     return 0 if all(row["state"] != "ERROR" for row in summary.rows) else 1
@@ -89,6 +84,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             "ok": result.ok,
             "counts": result.counts(),
             "checkpoints": [c.as_dict() for c in result.checks],
+            "problems": list(result.problems),
         }
         print(json.dumps(payload, indent=1))
     else:
@@ -105,8 +101,8 @@ def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None
     import time as _time
 
     from tunekit.results import format_ranges
-    from tunekit.snapshot import format_counts
-    from tunekit.table import format_table
+    from tunekit.snapshot import format_counts, trial_checkpoint_bytes
+    from tunekit.table import format_bytes, format_table
 
     started = (
         _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(snapshot.start_time))
@@ -122,7 +118,8 @@ def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None
             if key not in keys and not isinstance(value, (dict, list)):
                 keys.append(key)
     varying = [k for k in keys if len({repr(t.config.get(k)) for t in snapshot.trials}) > 1][:5]
-    headers = ["trial_id", "status", "iter", *( [metric] if metric else []), *varying, "ckpts", "error"]
+    headers = ["trial_id", "status", "iter", *( [metric] if metric else []), *varying, "ckpts", "ckpt size", "error"]
+    sizes = trial_checkpoint_bytes(snapshot)
     rows = []
     for trial in snapshot.trials:
         row = [trial.trial_id, trial.status, str(trial.iterations)]
@@ -130,9 +127,10 @@ def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None
             value = trial.metric(metric)
             row.append("-" if value is None else _short(value))
         row += [_short(trial.config.get(k, "-")) for k in varying]
-        row += [str(len(trial.checkpoints)), _short(trial.error or "", 60)]
+        row += [str(len(trial.checkpoints)), format_bytes(sizes[trial.trial_id]), _short(trial.error or "", 60)]
         rows.append(row)
     print(format_table(headers, rows))
+    print(f"checkpoints: {sum(len(t.checkpoints) for t in snapshot.trials)}, {format_bytes(sum(sizes.values()))}")
     for trial in snapshot.trials:
         if trial.missing_iterations:
             print(
@@ -142,7 +140,7 @@ def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None
             )
     for trial in snapshot.trials:
         start = trial.config.get("tunekit_warm_start")
-        if isinstance(start, dict):
+        if isinstance(start, dict) and start.get("checkpoint"):
             how = "continuing its complete state" if start.get("mode") == "continue" else "its weights only"
             print(f"note: {trial.trial_id} was warm-started from {start.get('checkpoint')} ({how})")
     for trial in snapshot.trials:
@@ -167,7 +165,7 @@ def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from tunekit.snapshot import read_experiment
+    from tunekit.snapshot import read_experiment, trial_checkpoint_bytes
 
     if bool(args.metric) != bool(args.mode):
         raise _UsageError("tunekit status: --metric and --mode go together")
@@ -177,6 +175,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         best = snapshot.best_checkpoint(args.metric, args.mode) if args.metric else None
         payload = snapshot.as_dict()
+        sizes = trial_checkpoint_bytes(snapshot)
+        for trial in payload["trials"]:
+            trial["checkpoint_bytes"] = sizes.get(trial["trial_id"], 0)
         if args.metric:
             payload["best_trial"] = best.trial_id if best else None
             payload["best_checkpoint"] = best.uri if best else None
@@ -216,7 +217,8 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         return 0
     _print_snapshot(summary.after, None, None)
     before, after = format_counts(summary.before), format_counts(summary.after.counts())
-    print(f"resumed {summary.experiment}: before {before}; now {after}")
+    where = f" into {summary.into}" if summary.into else ""
+    print(f"resumed {summary.experiment}{where}: before {before}; now {after}")
     return 0 if summary.ok else 1
 
 
@@ -239,6 +241,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if summary.problems:
         print(f"tunekit report: {args.experiment}: damaged: {'; '.join(summary.problems)}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    from tunekit.gc import delete_planned, plan_gc
+
+    plan = plan_gc(args.experiment, experiment_best=args.experiment_best, trial_best=args.trial_best,
+                   trial_latest=args.trial_latest, metric=args.metric, mode=args.mode, leftovers=args.leftovers,
+                   force=args.force)
+    print("\n".join(plan.lines()))
+    if not args.yes:
+        print("dry run: nothing deleted; run again with --yes to delete exactly this")
+        return 0
+    print(f"deleted {len(plan.deletions)} directories, {delete_planned(plan)} bytes")
     return 0
 
 
@@ -332,6 +348,25 @@ def _build_parser() -> _Parser:
     report.add_argument("--metric", default=None, help="metric that ranks trials (default: guessed)")
     report.add_argument("--mode", choices=("max", "min"), default=None, help="whether --metric is better high or low")
     report.set_defaults(func=_cmd_report)
+
+    gc = sub.add_parser("gc", help="delete checkpoints an experiment no longer needs (a preview unless --yes)",
+                        description="Keep the union of the selections (and the newest good checkpoint of every "
+                        "unfinished trial: what resume needs); print what else would go, per trial, with bytes. "
+                        "Deletes only with --yes; refuses an experiment whose driver still runs unless --force.")
+    gc.add_argument("experiment", metavar="EXP", help="experiment directory or URI")
+    for flag, what in (("--experiment-best", "the N best checkpoints of the experiment"),
+                       ("--trial-best", "the N best checkpoints of each trial"),
+                       ("--trial-latest", "the N newest checkpoints of each trial")):
+        gc.add_argument(flag, type=_int_at_least(0), default=None, metavar="N", help=f"keep {what}")
+    gc.add_argument("--metric", default=None, help="the metric that ranks checkpoints (for the best selections)")
+    gc.add_argument("--mode", choices=("max", "min"), default=None, help="whether --metric is better high or low")
+    gc.add_argument("--leftovers", action="store_true", help="also delete interrupted writes and stale kept copies")
+    gc.add_argument("--yes", action="store_true", help="delete (without it: print what would be deleted)")
+    gc.add_argument("--force", action="store_true", help="even if the experiment's driver seems to be running")
+    gc.set_defaults(func=_cmd_gc)
+    from tunekit.check import add_parser as add_check  # (imports neither Ray nor torch)
+
+    add_check(sub, _int_at_least)
     return parser
 
 

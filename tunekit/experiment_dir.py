@@ -20,7 +20,7 @@ from tunekit._trial_dir import CHECKPOINT_DIR, DAMAGED_COPY
 from tunekit.errors import ExperimentError
 from tunekit.storage import Storage, storage_errors
 
-__all__ = ["CHECKPOINT_DIR", "CheckpointDir", "DAMAGED_COPY", "TrialDir", "find_trials"]
+__all__ = ["CHECKPOINT_DIR", "CheckpointDir", "DAMAGED_COPY", "TrialDir", "checkpoint_bytes", "find_trials"]
 
 _TRIAL_FILES = ("params.json", "result.json", "progress.csv", "error.txt")
 
@@ -99,3 +99,19 @@ def find_trials(experiment: Storage) -> list[TrialDir]:
         )
     return trials
 
+
+
+def checkpoint_bytes(experiment: Storage) -> dict[str, int]:
+    """``"trial dir/checkpoint_NNNNNN"`` -> the bytes of its files, from one recursive listing of ``experiment``."""
+    root = experiment.path.rstrip("/") + "/"
+    out: dict[str, int] = {}
+    with storage_errors("list", experiment):
+        infos = experiment.filesystem.get_file_info(pafs.FileSelector(experiment.path, recursive=True))
+    for info in infos:
+        if info.type != pafs.FileType.File or not info.path.startswith(root):
+            continue
+        parts = info.path[len(root):].split("/")
+        if len(parts) > 2 and CHECKPOINT_DIR.match(parts[1]):
+            key = f"{parts[0]}/{parts[1]}"
+            out[key] = out.get(key, 0) + (info.size or 0)
+    return out

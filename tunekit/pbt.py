@@ -37,6 +37,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
 from typing_extensions import override
 
+from tunekit import record
 from tunekit._checks import integer_at_least
 from tunekit._ray import PBTWithDonorChoice
 from tunekit.errors import ConfigError
@@ -167,6 +168,7 @@ class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
 
     @override
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
+        record.observe(self, tune_controller.get_trials(), scheduler=True)
         running = not self.synch and trial.status == Trial.RUNNING
         self._handling = (tune_controller, trial, result.get(self.time_attr, 0)) if running else None
         self._decided = None
@@ -181,6 +183,17 @@ class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
             return decision
         finally:
             self._handling = None
+
+
+    @override
+    def on_trial_complete(self, tune_controller: Any, trial: Trial, result: dict) -> None:
+        super().on_trial_complete(tune_controller, trial, result)
+        record.observe(self, tune_controller.get_trials(), scheduler=True, force=True)
+
+    @override
+    def on_trial_error(self, tune_controller: Any, trial: Trial) -> None:
+        super().on_trial_error(tune_controller, trial)
+        record.observe(self, tune_controller.get_trials(), scheduler=True, force=True)
 
 
 def _progress(trial: Trial, time_attr: str) -> float:

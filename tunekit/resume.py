@@ -11,15 +11,21 @@ The trainable is found, in this order, from:
 A function found this way that is not a Tune trainable class is wrapped with
 :func:`tunekit.function_trainable` if it uses a :class:`~tunekit.FunctionSession`
 (tunekit records those), and handed to Tune as is otherwise.
+
+When Ray's own files are torn (see :mod:`tunekit.record`): a damaged newest
+``experiment_state-*.json`` is set aside for the newest whole one; a torn or
+missing ``tuner.pkl`` is rebuilt from tunekit's record, then Ray restores as
+usual; with no whole experiment state at all, every unfinished trial goes on
+from its newest good checkpoint in a new experiment ``EXP-resumed`` beside it.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import posixpath
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterator, TextIO
+from typing import Any, TextIO
 
 import pyarrow.fs as pafs
 
@@ -27,6 +33,10 @@ from tunekit._trial_dir import damaged_name
 from tunekit.errors import ConfigError, ExperimentError
 from tunekit._connect import ray_for
 from tunekit._find_trainable import alias_moved_packages, find_trainable, import_trainable
+from tunekit.record import read_record
+from tunekit._recovery import (
+    callbacks_from, has_tuner_pickle, not_restored, parent_of, quiet, rebuild_tuner, run_beside, set_aside,
+)
 from tunekit.snapshot import CheckpointSummary, ExperimentSnapshot, TrialSnapshot, format_counts, read_experiment
 from tunekit.storage import Storage, resolve_storage
 
@@ -50,6 +60,8 @@ class ResumeSummary:
     after: ExperimentSnapshot
     #: False when there was nothing to do (every trial finished): nothing was started or written.
     ran: bool = True
+    #: Where the trials went on when Ray's experiment state was torn: a new experiment beside it (else None).
+    into: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -93,11 +105,16 @@ def resume_experiment(
         raise ConfigError("resume: --resume-errored and --restart-errored exclude each other")
     experiment = resolve_storage(location)
     before = read_experiment(experiment)
-    if before.state_file is None:
-        raise ExperimentError(f"{experiment.uri}: no experiment_state-*.json, so Ray Tune cannot restore it")
-    damaged = [p for p in before.problems if p.startswith("experiment_state")]
-    if damaged:
-        raise ExperimentError(f"{experiment.uri}: {damaged[0]}; Ray Tune cannot restore from it")
+    record, record_problem = read_record(experiment.filesystem, experiment.path)
+    state_whole = before.state_file is not None and before.state_file not in before.damaged_state_files
+    if not state_whole:
+        if record is None:
+            what = ("no experiment_state-*.json" if before.state_file is None
+                    else next(p for p in before.problems if p.startswith("experiment_state")))
+            raise ExperimentError(f"{experiment.uri}: {what}, so Ray Tune cannot restore it, and {record_problem} "
+                                  "to continue the trials from")
+        return _resume_from_record(experiment, before, record, trainable=trainable, resume_errored=resume_errored,
+                                   restart_errored=restart_errored, cpus=cpus, address=address, out=out)
     counts = before.counts()
     summary = format_counts(counts)
     todo = [t for t in before.trials
@@ -110,18 +127,25 @@ def resume_experiment(
             "`tunekit resume EXP --extend N` continues finished trials to iteration N"
         print(f"nothing to resume: {len(before.trials)} trials {summary}; {hint}", file=out, flush=True)
         return ResumeSummary(experiment.uri, "", counts, before, ran=False)
-    obj, found = find_trainable(experiment, before, trainable)
+    obj, found = find_trainable(experiment, before, trainable, record)
 
     print(f"resuming {experiment.uri}: {len(before.trials)} trials ({summary})", file=out)
     print(f"trainable: {found}", file=out, flush=True)
+    if before.damaged_state_files:
+        kept = [set_aside(experiment, name) for name in before.damaged_state_files]
+        print(f"{', '.join(before.damaged_state_files)} damaged (kept as {', '.join(kept)}): Ray resumes from "
+              f"{before.state_file}, the newest whole experiment state", file=out, flush=True)
+    torn = before.tuner_pickle_damage or (None if has_tuner_pickle(experiment) else "tuner.pkl is missing")
+    if torn:
+        print(rebuild_tuner(experiment, obj, record, record_problem, torn), file=out, flush=True)
     for trial in todo:
-        print(_continues_from(before, trial, experiment, restart=restart_errored and trial.status == "ERROR"),
+        print(_continues_from(before, trial, experiment, restart=restart_errored and trial.status == "ERROR")[0],
               file=out, flush=True)
     alias_moved_packages(experiment)
 
     from ray import tune
 
-    with _quiet(), ray_for("resume", address=address, cpus=cpus):
+    with quiet(), ray_for("resume", address=address, cpus=cpus):
         tuner = tune.Tuner.restore(
             experiment.path,
             obj,
@@ -133,23 +157,6 @@ def resume_experiment(
         tuner.fit()
     after = read_experiment(experiment)
     return ResumeSummary(experiment.uri, found, counts, after)
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Ray's notices that do not apply to a resume (its config box, PBT's num_to_keep warning) left out."""
-    import warnings
-
-    from tunekit._ray import quiet_ray_notices, quiet_tune_banner
-
-    undo = [quiet_ray_notices(), quiet_tune_banner()]
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"Using `CheckpointConfig.num_to_keep <= 2` with PBT")
-            yield
-    finally:
-        for restore in undo:
-            restore()
 
 
 def newest_good(snapshot: ExperimentSnapshot, trial: TrialSnapshot) -> tuple[CheckpointSummary | None, list[str]]:
@@ -189,10 +196,11 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def _continues_from(snapshot: ExperimentSnapshot, trial: TrialSnapshot, experiment: Storage, *, restart: bool) -> str:
-    """One line: where an unfinished trial goes on from; damaged checkpoints named and kept."""
+def _continues_from(snapshot: ExperimentSnapshot, trial: TrialSnapshot, experiment: Storage, *,
+                    restart: bool) -> tuple[str, CheckpointSummary | None]:
+    """One line: where an unfinished trial goes on from (damaged checkpoints named and kept); and that checkpoint."""
     if restart:
-        return f"  {trial.trial_id} ({trial.status}): restarts from scratch (--restart-errored)"
+        return f"  {trial.trial_id} ({trial.status}): restarts from scratch (--restart-errored)", None
     good, damaged = newest_good(snapshot, trial)
     kept = [_preserve(experiment, trial, c) for c in trial.checkpoints
             if not snapshot.verdict(c)[0] and not c.unsupported]
@@ -202,7 +210,7 @@ def _continues_from(snapshot: ExperimentSnapshot, trial: TrialSnapshot, experime
         line += f"; passed over: {'; '.join(damaged)}"
     if kept:
         line += f"; damaged copies kept as {', '.join(posixpath.basename(k) for k in kept)}"
-    return line
+    return line, good
 
 
 def extend_experiment(
@@ -259,54 +267,87 @@ def extend_experiment(
         config = {k: v for k, v in trial.config.items() if k != WARM_START_KEY}
         configs.append({**config, **warm_start(newest.uri, mode="continue")})
     obj, found = find_trainable(experiment, before, trainable)
-    parent = Storage(experiment.filesystem, posixpath.dirname(experiment.path.rstrip("/")),
-                     posixpath.dirname(experiment.uri.partition("?")[0].rstrip("/")))
+    parent = parent_of(experiment)
     name = f"{posixpath.basename(experiment.path.rstrip('/'))}-to-{iterations}"
     target = parent.join(name)
     if experiment.filesystem.get_file_info(target.path).type != pafs.FileType.NotFound:
         raise ExperimentError(f"extend: {target.uri} exists already; remove it or resume it with tunekit resume")
 
     from ray import tune
-    from ray.tune.search.basic_variant import BasicVariantGenerator
 
     print(f"extending {experiment.uri}: {len(configs)} trials to iteration {iterations}, into {target.uri}", file=out)
     print(f"trainable: {found}", file=out, flush=True)
     for note in notes:
         print(note, file=out, flush=True)
-    with _quiet(), ray_for("resume --extend", address=address, cpus=cpus):
-        tune.Tuner(
-            obj,
-            tune_config=tune.TuneConfig(search_alg=BasicVariantGenerator(points_to_evaluate=configs),
-                                        num_samples=len(configs)),
-            param_space=_space_of(configs),
-            run_config=tune.RunConfig(
-                name=name, stop={"training_iteration": iterations}, verbose=0,
-                checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True),
-                storage_path=parent.path, storage_filesystem=parent.filesystem,
-            ),
-        ).fit()
+    run_beside(target, obj, configs, "resume --extend", stop={"training_iteration": iterations},
+                checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=True), address=address, cpus=cpus)
     after = read_experiment(target)
     return ResumeSummary(target.uri, found, before.counts(), after)
 
 
-def _space_of(configs: list[dict[str, Any]]) -> dict[str, Any]:
-    """A param_space every config in ``configs`` fits, so that Ray takes each as a preset point quietly.
-
-    Ray resolves each point against the space (every key must be in it) and
-    warns when a point differs from a constant there: a key whose values
-    differ between the configs becomes a choice of them.
-    """
+def _resume_from_record(experiment: Storage, before: ExperimentSnapshot, record: dict[str, Any], *,
+                        trainable: str | None, resume_errored: bool, restart_errored: bool, cpus: int | None,
+                        address: str | None, out: TextIO) -> ResumeSummary:
+    """Ray's experiment state is torn: continue every unfinished trial, from tunekit's record, in a new experiment."""
     from ray import tune
 
-    space: dict[str, Any] = {}
-    for key in dict.fromkeys(k for c in configs for k in c):
-        values = [c[key] for c in configs if key in c]
-        if all(isinstance(v, dict) for v in values):
-            space[key] = _space_of(values)
+    from tunekit.warm import WARM_START_KEY, warm_start
+
+    stop = record.get("stop")
+    if not record.get("stop_is_dict", True) or not isinstance(stop, dict) or not stop:
+        raise ExperimentError(f"{experiment.uri}: the experiment state is torn and tunekit's record holds no stop "
+                              "criteria (the run's stop was not a dict); cannot tell where the trials end")
+    damage = next(p for p in before.problems if p.startswith("experiment_state")).split("; no older one")[0]
+    by_dir = {t.name: t for t in before.trials}
+    by_id = {t.trial_id: t for t in before.trials}
+    recorded = {str(t.get("trial_id")): t for t in record["trials"] if isinstance(t, dict)}
+    order = list(dict.fromkeys([*recorded, *by_id]))
+    configs, lines, skipped = [], [], []
+    for trial_id in order:
+        entry = recorded.get(trial_id, {})
+        trial = by_id.get(trial_id) or by_dir.get(str(entry.get("dir")))
+        status = trial.status if trial is not None else str(entry.get("status") or "PENDING")
+        if status == "TERMINATED" or (status == "ERROR" and not (resume_errored or restart_errored)):
+            skipped.append(f"{trial_id} ({status})")
             continue
-        distinct: list[Any] = []
-        for value in values:
-            if value not in distinct:
-                distinct.append(value)
-        space[key] = distinct[0] if len(distinct) == 1 else tune.choice(distinct)
-    return space
+        config = trial.config if trial is not None and trial.config else entry.get("config")
+        if not isinstance(config, dict) or any(isinstance(v, dict) and set(v) == {"unrecorded"}
+                                               for v in config.values()):
+            raise ExperimentError(f"{experiment.uri}: trial {trial_id}'s config is not in tunekit's record "
+                                  "whole; cannot continue it")
+        config = {k: v for k, v in config.items() if k != WARM_START_KEY}
+        if trial is not None:
+            line, good = _continues_from(before, trial, experiment, restart=restart_errored and status == "ERROR")
+        else:
+            line, good = f"  {trial_id} ({status}): starts (it never did), with its recorded config", None
+        if good is not None and good.iteration is not None:
+            configs.append({**config, **warm_start(good.uri, mode="continue")})
+        else:  # no warm start, said outright: Ray fills a key a preset point lacks from the space (another's)
+            configs.append({**config, WARM_START_KEY: {"checkpoint": None, "mode": None}})
+        lines.append(line)
+    if not configs:
+        print(f"nothing to resume: {damage}, but every trial had finished ({', '.join(skipped)})", file=out)
+        return ResumeSummary(experiment.uri, "", before.counts(), before, ran=False)
+    obj, found = find_trainable(experiment, before, trainable, record)
+    parent = parent_of(experiment)
+    base = posixpath.basename(experiment.path.rstrip("/"))
+    target = next(t for t in (parent.join(f"{base}-resumed" + (f"-{n}" if n > 1 else "")) for n in range(1, 1000))
+                  if experiment.filesystem.get_file_info(t.path).type == pafs.FileType.NotFound)
+    callbacks, lost_callbacks = callbacks_from(record)
+    checkpoint = record.get("checkpoint_config") or {}
+    fields = {f.name for f in dataclasses.fields(tune.CheckpointConfig)}
+    print(f"resuming {experiment.uri}: {damage}; Ray cannot restore it, so {len(configs)} unfinished trials continue "
+          f"from tunekit's record (tunekit-experiment.json) and their checkpoints in {target.uri}; not restored: "
+          f"{not_restored(experiment, record, lost_callbacks)}", file=out)
+    print(f"trainable: {found}", file=out, flush=True)
+    for line in lines:
+        print(line, file=out, flush=True)
+    if skipped:
+        print(f"  not run again: {', '.join(skipped)}", file=out, flush=True)
+    unsuggested = (record.get("total_num_samples") or 0) - len(recorded)
+    if isinstance(unsuggested, int) and unsuggested > 0:
+        print(f"  {unsuggested} trials not suggested yet when the driver stopped are not run", file=out, flush=True)
+    run_beside(target, obj, configs, "resume", stop=stop, address=address, cpus=cpus, callbacks=callbacks,
+                checkpoint_config=tune.CheckpointConfig(**{k: v for k, v in checkpoint.items() if k in fields}))
+    after = read_experiment(target)
+    return ResumeSummary(experiment.uri, found, before.counts(), after, into=target.uri)

@@ -34,8 +34,9 @@ from tunekit._checks import as_number
 from tunekit.checkpoint import METADATA_FILE as METADATA_NAME
 from tunekit.checkpoint import read_metadata, unsupported_format
 from tunekit.errors import CheckpointError
-from tunekit.experiment_dir import TrialDir, find_trials
+from tunekit.experiment_dir import TrialDir, checkpoint_bytes, find_trials
 from tunekit.results import dedupe_lineage, lost_iterations, parse_result_lines, read_text
+from tunekit._pickles import tuner_pickle_problem
 from tunekit.storage import Storage, resolve_storage
 
 from tunekit._snapshot_model import (
@@ -60,6 +61,8 @@ __all__ = [
     "ranked",
     "read_experiment",
     "read_exploits",
+    "read_state_problems",
+    "trial_checkpoint_bytes",
     "trial_tags",
 ]
 
@@ -90,20 +93,40 @@ def _state_files(experiment: Storage) -> list[pafs.FileInfo]:
     )
 
 
-def _read_state(experiment: Storage, problems: list[str]) -> tuple[str | None, dict[str, Any]]:
-    files = _state_files(experiment)
-    if not files:
-        return None, {}
-    newest = files[-1]
-    text = read_text(experiment.filesystem, newest.path) or ""
-    try:
-        state = json.loads(text)
-        if not isinstance(state, dict):
-            raise ValueError("not a JSON object")
-    except ValueError as exc:
-        problems.append(f"{newest.base_name} is damaged ({exc}); showing what the trial directories say")
-        return newest.base_name, {}
-    return newest.base_name, state
+def _read_state(experiment: Storage, problems: list[str],
+                damaged: list[str]) -> tuple[str | None, dict[str, Any]]:
+    """The newest experiment state that reads whole; newer damaged ones are named in ``problems`` and ``damaged``."""
+    why = []
+    for info in reversed(_state_files(experiment)):
+        text = read_text(experiment.filesystem, info.path) or ""
+        try:
+            state = json.loads(text)
+            if not isinstance(state, dict) or not isinstance(state.get("trial_data", []), list):
+                raise ValueError("not a Ray Tune experiment state")
+        except ValueError as exc:
+            damaged.append(info.base_name)
+            why.append(f"{info.base_name} is damaged ({exc})")
+            continue
+        if why:
+            problems.append(f"{'; '.join(why)}; read {info.base_name}, the newest one that is whole")
+        return info.base_name, state
+    if why:
+        problems.append(f"{'; '.join(why)}; no older one is whole: showing what the trial directories say")
+        return damaged[0], {}
+    return None, {}
+
+
+def trial_checkpoint_bytes(snapshot: ExperimentSnapshot) -> dict[str, int]:
+    """Trial id -> the bytes of its checkpoints on storage (one listing of the experiment)."""
+    sizes = checkpoint_bytes(resolve_storage(snapshot.location))
+    return {t.trial_id: sum(sizes.get(f"{t.name}/{c.name}", 0) for c in t.checkpoints) for t in snapshot.trials}
+
+
+def read_state_problems(experiment: Storage) -> list[str]:
+    """The experiment state's damage, one line each (empty when the newest one is whole)."""
+    problems: list[str] = []
+    _read_state(experiment, problems, [])
+    return problems
 
 
 def _trials_from_state(state: dict[str, Any], problems: list[str]) -> dict[str, dict[str, Any]]:
@@ -279,7 +302,11 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
     experiment = resolve_storage(location, filesystem=filesystem)
     trial_dirs = find_trials(experiment)
     problems: list[str] = []
-    state_file, state = _read_state(experiment, problems)
+    damaged_states: list[str] = []
+    state_file, state = _read_state(experiment, problems, damaged_states)
+    pickle_damage = tuner_pickle_problem(experiment)
+    if pickle_damage:
+        problems.append(f"{pickle_damage}; `tunekit resume` can still continue the trials")
     recorded = _trials_from_state(state, problems)
     start_time = (state.get("stats") or {}).get("start_time")
 
@@ -367,5 +394,7 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
         trials=trials,
         problems=problems,
         exploits=exploits,
+        damaged_state_files=damaged_states,
+        tuner_pickle_damage=pickle_damage,
     )
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from tunekit._checks import is_number  # noqa: F401 - shared here for the readers
 
-__all__ = ["RESULTS_DIR", "flatten_result", "format_table", "rows_to_table"]
+__all__ = ["RESULTS_DIR", "flatten_result", "format_bytes", "format_table", "rows_to_table"]
 
 #: Where :class:`tunekit.callbacks.ParquetLogger` writes, inside the experiment directory.
 RESULTS_DIR = "tunekit_results"
@@ -76,3 +76,12 @@ def format_table(headers: list[str], rows: list[list[str]]) -> str:
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     return "\n".join(lines)
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes for people: ``512 B``, ``85.0 KB``, ``1.2 GB`` (powers of 1000)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")

@@ -25,7 +25,7 @@ from tunekit.errors import CheckpointError
 from tunekit.experiment_dir import find_trials
 from tunekit.storage import Storage, resolve_storage
 
-__all__ = ["CheckpointCheck", "ExperimentCheck", "verify_experiment"]
+__all__ = ["CheckpointCheck", "ExperimentCheck", "experiment_file_problems", "verify_experiment"]
 
 
 @dataclass(frozen=True)
@@ -59,15 +59,17 @@ class ExperimentCheck:
     location: str
     trials: int = 0
     checks: list[CheckpointCheck] = field(default_factory=list)
+    #: Damage to the experiment's own files: a torn ``tuner.pkl`` or experiment state, one line each.
+    problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """True when every checkpoint could be checked and none is incomplete or corrupt.
+        """True when every checkpoint could be checked, none is incomplete or corrupt, and Ray's files are whole.
 
         A checkpoint written by a newer tunekit (``unsupported``) is not
         damaged, but this tunekit cannot vouch for it either.
         """
-        return not any(c.bad or c.status == "unsupported" for c in self.checks)
+        return not self.problems and not any(c.bad or c.status == "unsupported" for c in self.checks)
 
     def counts(self) -> dict[str, int]:
         out = {"good": 0, "incomplete": 0, "corrupt": 0, "unsupported": 0, "unverified": 0}
@@ -80,7 +82,8 @@ class ExperimentCheck:
         parts = ", ".join(
             f"{n} {status}" for status, n in counts.items() if n or status not in ("unverified", "unsupported")
         )
-        return f"{len(self.checks)} checkpoints in {self.trials} trials: {parts}"
+        lines = [f"{len(self.checks)} checkpoints in {self.trials} trials: {parts}"]
+        return "\n".join(lines + [f"damaged: {p}" for p in self.problems])
 
 
 def _iteration(location: Storage) -> int | None:
@@ -138,7 +141,18 @@ def verify_experiment(
             result.checks.append(check)
             if on_check is not None:
                 on_check(check)
+    result.problems.extend(experiment_file_problems(experiment))
     return result
+
+
+def experiment_file_problems(experiment: Storage) -> list[str]:
+    """Damage to Ray's own files of the experiment (``tuner.pkl``, experiment state), read as data only."""
+    from tunekit._pickles import tuner_pickle_problem
+    from tunekit.snapshot import read_state_problems
+
+    torn = tuner_pickle_problem(experiment)
+    problems = [f"{torn}; `tunekit resume` can still continue the trials"] if torn else []
+    return problems + read_state_problems(experiment)
 
 
 #: Hidden copies of whole checkpoints (``tunekit._trial_dir.leftovers``' kinds) and what each is.

@@ -117,8 +117,8 @@ def warm_start_spec(config: Mapping[str, Any]) -> tuple[str, str] | None:
         ConfigError: the entry is malformed.
     """
     spec = config.get(WARM_START_KEY)
-    if spec is None:
-        return None
+    if spec is None or (isinstance(spec, Mapping) and spec.get("checkpoint") is None):
+        return None  # none, or none said outright (a fresh trial among warm-started ones, see tunekit resume)
     if (not isinstance(spec, Mapping) or not isinstance(spec.get("checkpoint"), str)
             or spec.get("mode") not in MODES):
         raise ConfigError(

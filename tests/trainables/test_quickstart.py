@@ -15,7 +15,7 @@ from tunekit.cli import main
 from tunekit.trainables import DigitsTrainable
 
 _TUNEKIT_LINE = re.compile(
-    r"^(tunekit quickstart: |results go to |\[ *[0-9.]+s\] |best trial: |best checkpoint: |finished in |next: |\*? +trial +lr|[- ]+$|\*? *[0-9a-f]{5}_\d{5}\s|$)"
+    r"^(tunekit quickstart: |results go to |\[ *[0-9.]+s\] |best trial: |best checkpoint: |finished in |next: |your own trainable: tunekit check |\*? +trial +lr|[- ]+$|\*? *[0-9a-f]{5}_\d{5}\s|$)"
 )
 
 
@@ -34,6 +34,7 @@ def test_quickstart_names_the_true_best_and_prints_nothing_of_rays(storage, tmp_
     assert f"results go to {storage / 'qs'}" in out
     foreign = [line for line in out.splitlines() if not _TUNEKIT_LINE.match(line)]
     assert foreign == [], out
+    assert "\nyour own trainable: tunekit check my_module:MyTrainable" in out, out[-500:]
     header = next(line for line in out.splitlines() if re.match(r"^ +trial ", line))
     assert header.split() == ["trial", "lr", "momentum", "accuracy", "best", "ckpt", "iterations", "state"]
     rows = [line.split() for line in out.splitlines() if re.match(r"^\*? *[0-9a-f]{5}_\d{5}\s", line)]

@@ -1,12 +1,13 @@
 """A real Tune driver that SIGKILLs itself at a chosen point: `POINT STORAGE NAME`.
 
 POINT is where the driver dies (kill -9, no cleanup of any kind):
-``training`` when a trial reports iteration 5; ``checkpoint`` right after it
+``training`` when a trial reports iteration 5 (``function``: the same with the
+function-API reference trainable); ``checkpoint`` right after it
 asked a worker to save iteration 4, before the save is registered;
 ``snapshot`` halfway through writing the experiment state once a trial is past
 iteration 4; ``optuna`` (an OptunaSearch run) after two trials completed;
 ``quickstart`` runs ``tunekit quickstart``'s sweep (2 trials x 8 iterations)
-and dies when a trial reports iteration 5; ``none`` runs to the end.
+and dies when a trial reports iteration 5; ``none`` (``none-function``) runs to the end.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ray import tune
 from ray.tune.execution.tune_controller import TuneController
 
 from tunekit.callbacks import ParquetLogger
-from tunekit.trainables import DigitsTrainable
+from tunekit.trainables import DigitsTrainable, TrainDigits
 
 STOP = 8
 CONFIG = {"hidden_size": 16, "batch_size": 32, "steps_per_iteration": 5}
@@ -94,8 +95,10 @@ def make_tuner(point: str, storage: str, name: str) -> tune.Tuner:
     callbacks: list[tune.Callback] = [ParquetLogger(batch_rows=4)]
     tune_config = tune.TuneConfig()
     param_space = {**CONFIG, "seed": tune.grid_search([1, 2])}
-    if point == "training":
+    trainable: type = DigitsTrainable
+    if point in ("training", "function"):
         callbacks.append(_KillAtResult())
+        trainable = TrainDigits if point == "function" else DigitsTrainable
     elif point == "checkpoint":
         _kill_during_checkpoint()
     elif point == "snapshot":
@@ -108,10 +111,12 @@ def make_tuner(point: str, storage: str, name: str) -> tune.Tuner:
         search = ConcurrencyLimiter(OptunaSearch(seed=5), max_concurrent=2)
         tune_config = tune.TuneConfig(metric="accuracy", mode="max", search_alg=search, num_samples=OPTUNA_TRIALS)
         param_space = {**CONFIG, "seed": 1, "lr": tune.loguniform(1e-3, 0.3), "momentum": tune.uniform(0.0, 0.95)}
+    elif point == "none-function":
+        trainable = TrainDigits
     elif point != "none":
         raise SystemExit(f"unknown point {point!r}")
     return tune.Tuner(
-        DigitsTrainable,
+        trainable,
         param_space=param_space,
         tune_config=tune_config,
         run_config=tune.RunConfig(

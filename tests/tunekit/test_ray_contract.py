@@ -56,6 +56,7 @@ def test_installed_ray_is_in_the_declared_range():
         ("ray.train._internal.checkpoint_manager._TrainingResult", ["checkpoint", "metrics"]),
         ("ray.train._internal.session.get_session", []),
         ("ray.train._internal.storage.StorageContext", ["storage_path", "experiment_dir_name", "trial_dir_name"]),
+        ("ray.train._internal.storage.StorageContext._get_session_path", ["self"]),
         ("ray.tune.trainable.FunctionTrainable.setup", ["self", "config"]),
         ("ray.tune.trainable.FunctionTrainable.step", ["self"]),
         ("ray.tune.trainable.FunctionTrainable.execute", ["self", "fn"]),
@@ -162,6 +163,10 @@ def test_trial_worker_and_reset_keys_are_as_relied_on():
     source = inspect.getsource(PopulationBasedTraining._exploit)
     assert "run_metadata.checkpoint_manager._latest_checkpoint_result" in source, \
         "Ray changed: PBT._exploit sets trial.run_metadata.checkpoint_manager._latest_checkpoint_result"
+    # the experiment record reads a trial's CheckpointConfig
+    config = tune.CheckpointConfig(num_to_keep=3)
+    trial = Trial("__fake", config={}, checkpoint_config=config, stub=True)
+    assert _ray.trial_checkpoint_config(trial) is config, "Ray changed: Trial.run_metadata.checkpoint_manager.checkpoint_config"
     reset = list(inspect.signature(tune.Trainable.reset).parameters)  # 2.51: (new_config, logger_creator, storage)
     assert reset[:2] == ["self", "new_config"] and "storage" in reset, "Ray changed: Trainable.reset(new_config, storage=)"
 
@@ -310,3 +315,62 @@ def test_tune_checkpoint_is_recognised_without_importing_it_eagerly(tmp_path):
 
     where = locate(tune.Checkpoint.from_directory(str(tmp_path)))
     assert where.path == str(tmp_path)
+
+
+def test_retention_internals_behave_as_relied_on(ray_session, tmp_path):
+    """A callback finds the run's scheduler; a trial's checkpoint manager lists, forgets and repoints checkpoints."""
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import FIFOScheduler
+
+    scheduler, seen = FIFOScheduler(), {}
+
+    class Finds(tune.Callback):
+        def setup(self, **info):
+            seen["scheduler"] = _ray.calling_scheduler()
+
+        def on_experiment_end(self, trials, **info):
+            seen["trial"] = trials[0]
+
+    def train(config):
+        for i in range(2):
+            d = tmp_path / f"c{i}"
+            d.mkdir()
+            tune.report({"i": i}, checkpoint=tune.Checkpoint.from_directory(str(d)))
+
+    tune.Tuner(train, tune_config=tune.TuneConfig(scheduler=scheduler),
+               run_config=tune.RunConfig(storage_path=str(tmp_path / "s"), name="e", verbose=0,
+                                         callbacks=[Finds()])).fit()
+    assert seen["scheduler"] is scheduler, "Ray changed: TuneController._scheduler_alg, or who calls Callback.setup"
+    trial: Trial = seen["trial"]
+    listed = _ray.registered_checkpoints(trial)
+    assert [m["i"] for _, m in listed] == [0, 1], "Ray changed: the checkpoint manager's _checkpoint_results"
+    _ray.forget_checkpoints(trial, {listed[1][0].path})
+    assert [m["i"] for _, m in _ray.registered_checkpoints(trial)] == [0]
+    assert trial.checkpoint.path == listed[0][0].path, "Ray changed: _latest_checkpoint_result"
+
+    pbt = PopulationBasedTraining(time_attr="training_iteration", metric="m", mode="max", perturbation_interval=1,
+                                  hyperparam_mutations={"lr": [0.1]})
+    fake = Trial("__fake", config={"lr": 0.1}, stub=True)
+    pbt.on_trial_add(types.SimpleNamespace(search_alg=None), fake)
+    assert hasattr(pbt._trial_state[fake], "last_checkpoint"), "Ray changed: PBT _trial_state[].last_checkpoint"
+    pbt._trial_state[fake].last_checkpoint = listed[0][0]
+    assert _ray.scheduler_checkpoints(pbt) == {listed[0][0].path}, "Ray changed: PBT _trial_state[].last_checkpoint"
+
+
+def test_a_trainable_runs_offline_without_a_ray_session(tmp_path):
+    """``offline_storage``: a tunekit trainable trains, saves and restores in a plain process (tunekit check)."""
+    from tunekit.trainables import TrainDigits
+
+    config = {"hidden_size": 8, "steps_per_iteration": 2, "seed": 1}
+    first = TrainDigits(config=config, storage=_ray.offline_storage(str(tmp_path), "a"))
+    try:
+        first.train()
+        saved = first.save()
+    finally:
+        first.stop()
+    second = TrainDigits(config=config, storage=_ray.offline_storage(str(tmp_path), "b"))
+    try:
+        second.restore(saved)
+        assert second.train()["training_iteration"] == 2
+    finally:
+        second.stop()

@@ -23,7 +23,8 @@ Private names, by owner:
   ``_restored``, ``_last_training_result`` (function runner), and
   ``_report_class_trainable_checkpoint``.
 * ``ray.train._internal.storage.StorageContext`` (``trainable._storage``,
-  ``trial.storage``; built by :func:`storage_context` for tests and benchmarks):
+  ``trial.storage``; built by :func:`storage_context` for tests and benchmarks,
+  and by :func:`offline_storage`, which overrides ``_get_session_path``, for ``tunekit check``):
   ``_update_checkpoint_index``, ``_check_validation_file``,
   ``_create_validation_file``, ``checkpoint_fs_path``, ``persist_artifacts``,
   ``sync_config``, ``storage_filesystem``.
@@ -32,6 +33,12 @@ Private names, by owner:
 * ``Trial.temporary_state.ray_actor`` (the trial's worker), ``_TrialInfo`` and the
   ``TRIAL_INFO``/``STDOUT_FILE``/``STDERR_FILE`` config keys ``Trainable.reset``
   takes (:func:`clone_in_place`).
+* ``Trial.run_metadata.checkpoint_manager.checkpoint_config`` (the
+  trial's ``CheckpointConfig``, for tunekit's experiment record).
+* The checkpoint manager's ``_checkpoint_results`` and
+  ``_latest_checkpoint_result``, PBT's ``_trial_state[trial].last_checkpoint``
+  and the ``TuneController``'s ``_scheduler_alg``: what the retention policy
+  reads and trims (:mod:`tunekit._ray.retention`).
 * Loggers whose exact messages the quickstart filters (see
   :func:`quiet_ray_notices`).
 * The ``colorama`` Ray vendors (``ray/thirdparty_files``): its ``init()``
@@ -61,6 +68,12 @@ from tunekit._ray.output import (
     quiet_tune_banner,
 )
 from tunekit._ray.pbt import PBTWithDonorChoice, clone_in_place, pin_donor_checkpoint, supports_clone
+from tunekit._ray.retention import (
+    calling_scheduler,
+    forget_checkpoints,
+    registered_checkpoints,
+    scheduler_checkpoints,
+)
 
 __all__ = [
     "FUNCTION_RUNNER_METHODS",
@@ -70,9 +83,11 @@ __all__ = [
     "RAY_WARNINGS",
     "TrainingResult",
     "adopt_function_runner",
+    "calling_scheduler",
     "clear_last_reported",
     "clone_in_place",
     "drop_color_reset_at_exit",
+    "forget_checkpoints",
     "function_runner_cleanup",
     "function_runner_reset",
     "give_session_checkpoint",
@@ -81,11 +96,14 @@ __all__ = [
     "last_result",
     "local_trial_dir",
     "next_local_checkpoint",
+    "offline_storage",
     "pin_donor_checkpoint",
     "publish_local_checkpoint",
     "quiet_ray_notices",
     "quiet_tune_banner",
+    "registered_checkpoints",
     "report_checkpoint_dir",
+    "scheduler_checkpoints",
     "session_report",
     "set_iteration",
     "set_restored",
@@ -115,6 +133,23 @@ def storage_context(storage_path: str, experiment: str, trial: str, *, validate:
     context = StorageContext(storage_path=storage_path, experiment_dir_name=experiment, trial_dir_name=trial)
     if validate:
         context._create_validation_file()
+    return context
+
+
+def offline_storage(storage_path: str, trial: str) -> Any:
+    """A trial's ``StorageContext`` on local disk that needs no running Ray (``tunekit check`` runs trainables
+    in plain processes): Ray's asks the Ray session for its working directory; this one keeps it under
+    ``storage_path``."""
+    import os
+
+    from ray.train._internal.storage import StorageContext
+
+    class _Offline(StorageContext):
+        def _get_session_path(self) -> str:
+            return os.path.join(self.storage_fs_path, ".session")
+
+    context = _Offline(storage_path=storage_path, experiment_dir_name="check", trial_dir_name=trial)
+    context._create_validation_file()
     return context
 
 
@@ -227,3 +262,8 @@ def function_runner_reset(trainable: tune.Trainable, new_config: dict[str, Any])
 def trial_filesystem(trial: Any) -> Any:
     """The ``pyarrow.fs.FileSystem`` a trial's :attr:`Trial.path` is on."""
     return trial.storage.storage_filesystem
+
+
+def trial_checkpoint_config(trial: Any) -> Any:
+    """The ``tune.CheckpointConfig`` a trial runs under (Ray keeps it in the trial's checkpoint manager)."""
+    return trial.run_metadata.checkpoint_manager.checkpoint_config

@@ -1,0 +1,247 @@
+"""Keep the checkpoints a retention policy selects, and what a resume or a scheduler still needs; delete the rest.
+
+Tested in ``tests/callbacks/test_retention.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Literal
+
+import pyarrow.fs as pafs
+from ray import tune
+from ray.tune.experiment import Trial
+from typing_extensions import override
+
+from tunekit import _ray
+from tunekit._manifest import MANIFEST_FILE, METADATA_FILE
+from tunekit._snapshot_model import CheckpointSummary, ranked
+from tunekit.callbacks.record import TunekitCallback
+from tunekit.errors import ConfigError
+from tunekit.retention import Policy, newest_first, selected
+from tunekit.table import format_bytes
+
+__all__ = ["KeepCheckpoints"]
+
+logger = logging.getLogger(__name__)
+
+
+class KeepCheckpoints(TunekitCallback):
+    """A retention policy for the whole experiment, applied as the run goes.
+
+    The checkpoints kept are the union of ``experiment_best`` (the best of the
+    experiment by ``metric`` in ``mode``), ``trial_best`` (each trial's best)
+    and ``trial_latest`` (each trial's newest); the others are deleted once a
+    newer checkpoint is registered, and Ray's bookkeeping forgets them, so
+    ``ResultGrid``, ``tunekit status``, ``resume`` and ``verify`` never name a
+    deleted checkpoint. Never deleted, whatever the policy:
+
+    * the newest complete checkpoint of a trial that has not finished (what a
+      retry or ``tunekit resume`` restores), and the one it restores from if
+      that is another trial's (a PBT exploit);
+    * a checkpoint a scheduler may still restore: a paused trial's (PBT,
+      HyperBand), the donors PBT's next exploit may pick;
+    * a checkpoint being written, and the complete one before it.
+
+    ``max_bytes``: when the experiment's checkpoints exceed it, the
+    lowest-ranked of those not needed as above go first, even selected ones
+    (oldest first without a ``metric``); when none can go, one warning with
+    the numbers, and training goes on. It composes with
+    ``CheckpointConfig(num_to_keep=...)``, which Ray applies first, per trial.
+
+    Args:
+        experiment_best: How many of the experiment's best checkpoints to keep.
+        trial_best: How many of each trial's best checkpoints to keep.
+        trial_latest: How many of each trial's newest checkpoints to keep
+            (default 1, when no selection is given).
+        metric: The metric ``experiment_best``, ``trial_best`` and ``max_bytes`` rank by.
+        mode: ``"max"`` or ``"min"``.
+        max_bytes: A budget for the experiment's checkpoints, in bytes.
+    """
+
+    def __init__(self, *, experiment_best: int | None = None, trial_best: int | None = None,
+                 trial_latest: int | None = None, metric: str | None = None,
+                 mode: Literal["max", "min"] | None = None, max_bytes: int | None = None) -> None:
+        if (experiment_best, trial_best, trial_latest) == (None, None, None):
+            trial_latest = 1
+        self.policy = Policy.checked("KeepCheckpoints", experiment_best=experiment_best, trial_best=trial_best,
+                                     trial_latest=trial_latest, metric=metric, mode=mode)
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0):
+            raise ConfigError(f"KeepCheckpoints(max_bytes={max_bytes!r}): expected a whole number of bytes > 0")
+        self.max_bytes = max_bytes
+        self._scheduler: Any = None
+        self._sizes: dict[str, int] = {}
+        self._whole: set[str] = set()
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: list[Future] = []
+        self._warned = False
+        #: Checkpoints deleted so far, and their bytes (when known).
+        self.deleted = 0
+        self.deleted_bytes = 0
+
+    def _recorded_kwargs(self) -> dict[str, Any] | None:
+        p = self.policy
+        return {"experiment_best": p.experiment_best, "trial_best": p.trial_best, "trial_latest": p.trial_latest,
+                "metric": p.metric, "mode": p.mode, "max_bytes": self.max_bytes}
+
+    @override
+    def setup(self, **info: Any) -> None:
+        super().setup(**info)
+        self._scheduler = _ray.calling_scheduler()
+
+    @override
+    def on_checkpoint(self, iteration: int, trials: list[Trial], trial: Trial, checkpoint: tune.Checkpoint,
+                      **info: Any) -> None:
+        # Ray registers ``checkpoint`` after this call: until it is whole, the trial's newest stays.
+        self._apply(trials, new=(trial, checkpoint))
+
+    @override
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self._apply(trials)
+
+    @override
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        self._apply(trials, over=True)
+        self.wait()
+        super().on_experiment_end(trials, **info)
+
+    # -- the policy ------------------------------------------------------------------
+    def _apply(self, trials: list[Trial], new: tuple[Trial, tune.Checkpoint] | None = None, *,
+               over: bool = False) -> None:
+        self.wait()  # what the last call deleted is gone before anything is counted again
+        by_trial: dict[str, list[CheckpointSummary]] = {}
+        where: dict[str, tuple[Trial, Any]] = {}
+        for trial in trials:
+            entries = list(_ray.registered_checkpoints(trial))
+            if new is not None and new[0] is trial:  # registered by Ray after this call: counted as the newest now
+                entries.append((new[1], dict(trial.last_result or {})))
+            by_trial[trial.trial_id] = []
+            for ckpt, metrics in entries:
+                iteration = metrics.get("training_iteration")
+                by_trial[trial.trial_id].append(CheckpointSummary(
+                    posixpath.basename(ckpt.path.rstrip("/")), ckpt.path,
+                    iteration if isinstance(iteration, int) else None, metrics))
+                where[ckpt.path] = (trial, ckpt)
+        chosen = selected(by_trial, self.policy)
+        keep = {path for path, (trial, _) in where.items()
+                if (trial.trial_id, posixpath.basename(path.rstrip("/"))) in chosen}
+        needed = self._needed(trials, by_trial, where, scheduler=None if over else self._scheduler)
+        doomed = [path for path in where if path not in keep and path not in needed]
+        if self.max_bytes is not None:
+            doomed += self._over_budget(by_trial, where, keep - needed, needed, doomed)
+        self._delete(doomed, where)
+
+    def _needed(self, trials: list[Trial], by_trial: dict[str, list[CheckpointSummary]],
+                where: dict[str, tuple[Trial, Any]], *, scheduler: Any) -> set[str]:
+        """What a retry, a resume or the scheduler may still restore, and what is being written."""
+        needed: set[str] = set()
+        if scheduler is not None:  # (the run over, no scheduler restores anything)
+            needed |= _ray.scheduler_checkpoints(scheduler)
+        for trial in trials:
+            if trial.status == Trial.TERMINATED:  # an errored trial may be retried or resumed
+                continue
+            if trial.checkpoint is not None:
+                needed.add(trial.checkpoint.path)  # what it restores: its own newest, or a donor's after an exploit
+            for summary in newest_first(by_trial[trial.trial_id]):  # the newest whole one and any newer being written
+                needed.add(summary.uri)
+                if self._complete(where[summary.uri][1]):
+                    break
+        return needed
+
+    def _over_budget(self, by_trial: dict[str, list[CheckpointSummary]], where: dict[str, tuple[Trial, Any]],
+                     deletable: set[str], needed: set[str], doomed: list[str]) -> list[str]:
+        """The lowest-ranked deletable checkpoints whose deletion brings the experiment under ``max_bytes``."""
+        assert self.max_bytes is not None
+        left = [s for summaries in by_trial.values() for s in summaries if s.uri not in doomed]
+        total = sum(self._size(where[s.uri][1]) for s in left)
+        if total <= self.max_bytes:
+            return []
+        candidates = [s for s in left if s.uri in deletable]
+        if self.policy.ranks:
+            order = list(reversed(ranked(candidates, self.policy.metric, self.policy.mode)))  # worst first
+        else:
+            order = sorted(candidates, key=lambda s: (s.iteration or 0, s.name))
+        out = []
+        for summary in order:
+            if total <= self.max_bytes:
+                break
+            out.append(summary.uri)
+            total -= self._size(where[summary.uri][1])
+        if total > self.max_bytes and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"KeepCheckpoints(max_bytes={self.max_bytes}): the experiment's checkpoints need "
+                f"{format_bytes(total)} ({total} bytes) and none of the {len(needed)} left can go (each is "
+                "needed to resume a trial, by the scheduler, or being written); training goes on over the budget",
+                stacklevel=2)
+        return out
+
+    def _size(self, checkpoint: Any) -> int:
+        if checkpoint.path not in self._sizes:
+            infos = checkpoint.filesystem.get_file_info(pafs.FileSelector(checkpoint.path, recursive=True,
+                                                                          allow_not_found=True))
+            size = sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+            if not self._complete(checkpoint):
+                return size  # still being written: counted again next time
+            self._sizes[checkpoint.path] = size
+        return self._sizes[checkpoint.path]
+
+    def _complete(self, checkpoint: Any) -> bool:
+        if checkpoint.path not in self._whole and _complete(checkpoint):
+            self._whole.add(checkpoint.path)
+        return checkpoint.path in self._whole
+
+    def _delete(self, doomed: list[str], where: dict[str, tuple[Trial, Any]]) -> None:
+        """Forget ``doomed`` in Ray's bookkeeping now; delete the directories on the policy's own thread.
+
+        Deleting is I/O (milliseconds a checkpoint locally, round trips on S3): the Tune loop does not wait
+        for it. The next ``_apply`` and the end of the run wait for what is still being deleted.
+        """
+        by_trial: dict[Trial, set[str]] = {}
+        for path in dict.fromkeys(doomed):
+            trial, checkpoint = where[path]
+            self._whole.discard(path)
+            self.deleted += 1
+            self.deleted_bytes += self._sizes.pop(path, 0)
+            by_trial.setdefault(trial, set()).add(path)
+            self._pending.append(self._deleter().submit(_delete_dir, checkpoint.filesystem, path))
+        for trial, paths in by_trial.items():
+            _ray.forget_checkpoints(trial, paths)
+
+    def _deleter(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-retention")
+        return self._executor
+
+    def wait(self) -> None:
+        """Wait until every deletion decided so far is done."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.wait()  # (Ray keeps the callbacks in tuner.pkl: no thread in there)
+        return {**self.__dict__, "_executor": None, "_pending": []}
+
+
+def _delete_dir(fs: pafs.FileSystem, path: str) -> None:
+    try:
+        fs.delete_dir(path)
+    except FileNotFoundError:
+        pass  # gone already (Ray's num_to_keep, a user)
+    except OSError as exc:
+        logger.warning("KeepCheckpoints: could not delete %s (%s); it stays on disk, forgotten by Ray "
+                       "(`tunekit gc` lists it)", path, exc)
+
+
+def _complete(checkpoint: Any) -> bool:
+    """Whether a checkpoint directory is whole: tunekit's manifest is in it, or it is another writer's."""
+    fs, path = checkpoint.filesystem, checkpoint.path
+    manifest, metadata, directory = fs.get_file_info([posixpath.join(path, MANIFEST_FILE),
+                                                      posixpath.join(path, METADATA_FILE), path])
+    if manifest.type == pafs.FileType.File:
+        return True
+    return directory.type == pafs.FileType.Directory and metadata.type == pafs.FileType.NotFound

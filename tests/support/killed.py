@@ -1,0 +1,46 @@
+"""Run a process that dies by SIGKILL, then end what it left running, as the machine's end would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import uuid
+from typing import Any
+
+MARKER = "TUNEKIT_TEST_KILLED_RUN"
+
+
+def _marked(needle: bytes) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                if needle in fh.read().split(b"\0"):
+                    pids.append(int(name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
+
+
+def run_and_reap(argv: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run`` of a driver that kills itself; then every process it started (its Ray, its workers) is
+    SIGKILLed too, so that nothing writes to the experiment once this returns (a worker outliving its driver by a
+    moment could otherwise finish a checkpoint while the test reads the experiment)."""
+    marker = uuid.uuid4().hex
+    needle = f"{MARKER}={marker}".encode()
+    done = subprocess.run(argv, env={**env, MARKER: marker}, **kwargs)
+    while left := _marked(needle):
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in left:  # a SIGKILLed process ends at once; its /proc entry loses its environ when it does
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+    return done

@@ -1,0 +1,64 @@
+"""A save onto a full disk (a real, small tmpfs): one line naming where and how much, nothing half-written kept."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from ray import tune
+
+from tunekit import TorchTrainable, TrainingState, verify_checkpoint
+
+MIB = 1024 * 1024
+
+
+class Big(TorchTrainable):
+    """About 1 MiB of weights: the third checkpoint does not fit on the 2.6 MiB filesystem."""
+
+    def build(self, config):
+        model = torch.nn.Linear(512, 512)
+        return TrainingState(models={"m": model}, optimizers={"sgd": torch.optim.SGD(model.parameters(), lr=0.1)})
+
+    def train_iteration(self):
+        with torch.no_grad():
+            self.state.models["m"].weight.add_(0.01)
+        return {"loss": 1.0 / (1 + self.iteration)}
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    where = tmp_path / f"small-{uuid.uuid4().hex[:6]}"
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2600k", "tmpfs", str(where)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"this machine refuses to mount a small tmpfs: {done.stderr.strip() or done.stdout.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_save_onto_a_full_disk_fails_the_trial_in_one_line_and_keeps_the_previous_checkpoint(ray_session,
+                                                                                                small_disk):
+    grid = tune.Tuner(
+        Big, param_space={},
+        run_config=tune.RunConfig(name="full", storage_path=str(small_disk), stop={"training_iteration": 6},
+                                  checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1), verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=0)),
+    ).fit()
+    assert len(grid.errors) == 1
+    trial_dir = Path(grid[0].path)
+    message = str(grid.errors[0])
+    line = next(line for line in message.splitlines() if "no space left on the device of" in line)
+    assert str(trial_dir) in line and "needs about" in line and "bytes)" in line, message[-2000:]
+    needed = int(line.split("(")[1].split(" bytes")[0])
+    assert needed >= MIB  # the weights alone
+    # Its own partial write is gone; what it had before is whole and verifies.
+    names = sorted(p.name for p in trial_dir.iterdir() if "checkpoint" in p.name)
+    assert not [n for n in names if ".partial-" in n], names
+    whole = [n for n in names if n.startswith("checkpoint_")]
+    assert whole and all(verify_checkpoint(str(trial_dir / n)).ok for n in whole), names

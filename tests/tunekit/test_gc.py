@@ -1,0 +1,160 @@
+"""`tunekit gc`: a preview that changes nothing, then exactly that deleted; what resume needs is never deleted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+
+import pyarrow.fs as pafs
+import pytest
+from ray import tune
+
+from tunekit.analysis import load_results
+from tunekit.cli import main
+from tunekit.record import FORMAT, write_record
+from tunekit.snapshot import read_experiment
+from tunekit.storage import resolve_storage
+from tunekit.trainables.toy_pbt import ToyPBT
+
+
+def _tree(fs: pafs.FileSystem, root: str) -> dict[str, str]:
+    """Every file under ``root`` and the hash of its bytes."""
+    out = {}
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+        if info.type == pafs.FileType.File:
+            with fs.open_input_stream(info.path) as stream:
+                out[info.path[len(root):]] = hashlib.sha256(stream.read()).hexdigest()
+    return out
+
+
+def _sizes(fs: pafs.FileSystem, root: str) -> dict[str, int]:
+    return {i.path: i.size for i in fs.get_file_info(pafs.FileSelector(root, recursive=True))
+            if i.type == pafs.FileType.File}
+
+
+def _listed(out: str) -> set[str]:
+    """``trial/checkpoint`` pairs a gc preview lists for deletion."""
+    pairs = set()
+    for line in out.splitlines():
+        trial, sep, rest = line.partition(": delete ")
+        if sep and "): " in rest:
+            names = rest.split("): ", 1)[1].split("; keep")[0]
+            pairs |= {f"{trial}/{name}" for name in names.split(", ")}
+    return pairs
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_dry_run_changes_nothing_and_yes_deletes_exactly_what_it_listed(where, quickstart_experiment, tmp_path,
+                                                                        capsys, request):
+    if where == "local":
+        exp = resolve_storage(str(tmp_path / "qs"))
+        shutil.copytree(quickstart_experiment, exp.path)
+    else:
+        exp = resolve_storage(request.getfixturevalue("s3_bucket").uri("qs"))
+        pafs.copy_files(str(quickstart_experiment), exp.path, destination_filesystem=exp.filesystem)
+    fs = exp.filesystem
+    before = _tree(fs, exp.path)
+    rows = load_results(exp.uri)
+    args = ["gc", exp.uri, "--experiment-best", "1", "--trial-latest", "1", "--metric", "accuracy", "--mode", "max"]
+
+    assert main(["status", exp.uri, "--json"]) == 0
+    held = sum(t["checkpoint_bytes"] for t in json.loads(capsys.readouterr().out)["trials"])
+    assert held == sum(size for path, size in _sizes(fs, exp.path).items() if "/checkpoint_" in path)
+    assert main(args) == 0
+    preview = capsys.readouterr().out
+    assert "dry run: nothing deleted" in preview
+    assert _tree(fs, exp.path) == before
+    listed = _listed(preview)
+    snapshot = read_experiment(exp.uri)
+    best = snapshot.best_checkpoint("accuracy", "max")
+    assert listed, preview
+    assert not any(p.endswith("/" + best.checkpoint.name) and p.startswith(best.trial.name) for p in listed)
+
+    assert main([*args, "--yes"]) == 0
+    done = capsys.readouterr().out
+    assert f"deleted {len(listed)} directories" in done
+    freed = int(done.rsplit("directories, ", 1)[1].split(" bytes")[0])
+    gone = {p for p in before if "/".join(p.lstrip("/").split("/")[:2]) in listed}
+    after = _tree(fs, exp.path)
+    assert set(after) == set(before) - gone  # exactly the listed directories, nothing else
+    assert all(after[p] == before[p] for p in after)
+    left = read_experiment(exp.uri)
+    assert all(len(t.checkpoints) >= 1 for t in left.trials)
+    assert sum(len(t.checkpoints) for t in left.trials) == sum(len(t.checkpoints) for t in snapshot.trials) - len(listed)
+    assert main(["verify", exp.uri]) == 0
+    assert main(["status", exp.uri]) == 0
+    assert f"checkpoints: {sum(len(t.checkpoints) for t in left.trials)}, " in capsys.readouterr().out
+    assert main(["status", exp.uri, "--json"]) == 0
+    assert sum(t["checkpoint_bytes"] for t in json.loads(capsys.readouterr().out)["trials"]) == held - freed > 0
+    assert load_results(exp.uri).equals(rows)
+    capsys.readouterr()
+
+
+def test_gc_refuses_an_experiment_whose_driver_runs_and_bad_selections(quickstart_experiment, tmp_path, capsys):
+    exp = tmp_path / "qs"
+    shutil.copytree(quickstart_experiment, exp)
+    record = {"format": FORMAT, "trials": [], "ended": False, "updated": time.time(),
+              "driver": {"host": socket.gethostname(), "pid": os.getpid()}}  # this process: alive
+    write_record(pafs.LocalFileSystem(), str(exp), record)
+    before = _tree(pafs.LocalFileSystem(), str(exp))
+
+    assert main(["gc", str(exp), "--trial-latest", "1", "--yes"]) == 2
+    err = capsys.readouterr().err
+    assert f"its driver is running (pid {os.getpid()} on this machine" in err and "--force" in err
+    assert len(err.strip().splitlines()) == 1
+    assert _tree(pafs.LocalFileSystem(), str(exp)) == before
+
+    assert main(["gc", str(exp), "--trial-best", "1"]) == 2
+    assert "give --metric M and --mode max|min" in capsys.readouterr().err
+    assert main(["gc", str(exp)]) == 2
+    assert "say what to keep" in capsys.readouterr().err
+
+    write_record(pafs.LocalFileSystem(), str(exp), {**record, "ended": True})  # the run is over
+    assert main(["gc", str(exp), "--trial-latest", "1"]) == 0
+    assert "dry run" in capsys.readouterr().out
+    assert main(["gc", str(exp), "--trial-latest", "1", "--yes", "--force"]) == 0
+    assert all(len(t.checkpoints) == 1 for t in read_experiment(str(exp)).trials)
+    capsys.readouterr()
+
+
+
+class FailsOnce(ToyPBT):
+    """Fails at iteration 3 while the file ``config["fail_once"]`` exists (and deletes it)."""
+
+    def train_iteration(self):
+        marker = self.config["fail_once"]
+        if self.iteration == 2 and os.path.exists(marker):
+            os.remove(marker)
+            raise RuntimeError("failing once, as the test asks")
+        return super().train_iteration()
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_gc_never_deletes_what_resume_needs_and_resume_then_completes_the_experiment(where, ray_session, storage,
+                                                                                    capsys, request):
+    marker = storage / "fail-once"
+    marker.touch()
+    base = str(storage) if where == "local" else request.getfixturevalue("s3_bucket").uri()
+    grid = tune.Tuner(
+        FailsOnce, param_space={"h": [1.0, 0.0], "lr": 0.1, "fail_once": str(marker)},
+        run_config=tune.RunConfig(name="unfinished", storage_path=base, stop={"training_iteration": 5},
+                                  checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1), verbose=0),
+    ).fit()
+    assert len(grid.errors) == 1
+    exp = resolve_storage(base).join("unfinished").uri
+    (trial,) = read_experiment(exp).trials
+    assert [c.iteration for c in trial.checkpoints] == [1, 2]
+
+    assert main(["gc", exp, "--trial-latest", "0", "--yes"]) == 0  # keeps nothing by itself
+    (trial,) = read_experiment(exp).trials
+    assert [c.iteration for c in trial.checkpoints] == [2], "gc deleted what resume continues from"
+    capsys.readouterr()
+    assert main(["resume", exp, "--resume-errored"]) == 0
+    assert f"continues from {trial.checkpoints[0].name} (iteration 2)" in capsys.readouterr().out
+    (trial,) = read_experiment(exp).trials
+    assert trial.status == "TERMINATED" and trial.iterations == 5
+    assert main(["verify", exp]) == 0

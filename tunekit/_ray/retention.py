@@ -1,0 +1,70 @@
+"""Ray's checkpoint bookkeeping as tunekit's retention policy reads and trims it.
+
+Part of :mod:`tunekit._ray` (the one place Ray's private names are used; see
+its docstring for the list). Private names here: the trial checkpoint
+manager's ``_checkpoint_results`` and ``_latest_checkpoint_result``;
+``PopulationBasedTraining._trial_state[trial].last_checkpoint`` (the donor
+checkpoint an exploit may pick); the ``TuneController`` attribute
+``_scheduler_alg``, found from the frame that calls ``Callback.setup`` (no
+public API hands a callback the scheduler).
+
+Tested in ``tests/tunekit/test_ray_contract.py`` and ``tests/callbacks/test_retention.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["calling_scheduler", "forget_checkpoints", "registered_checkpoints", "scheduler_checkpoints"]
+
+
+def registered_checkpoints(trial: Any) -> list[tuple[Any, dict[str, Any]]]:
+    """``(tune.Checkpoint, metrics)`` of every checkpoint Ray keeps for ``trial`` (its ``num_to_keep`` applied)."""
+    manager = trial.run_metadata.checkpoint_manager
+    return [(r.checkpoint, dict(r.metrics or {})) for r in manager._checkpoint_results if r.checkpoint is not None]
+
+
+def forget_checkpoints(trial: Any, paths: set[str]) -> None:
+    """Drop the checkpoints at ``paths`` from Ray's bookkeeping of ``trial`` (deleted by tunekit).
+
+    A trial whose latest checkpoint is among them gets the newest one left,
+    or none: ``Result.checkpoint`` never names a deleted checkpoint.
+    """
+    manager = trial.run_metadata.checkpoint_manager
+    manager._checkpoint_results = [r for r in manager._checkpoint_results
+                                   if r.checkpoint is None or r.checkpoint.path not in paths]
+    latest = manager._latest_checkpoint_result
+    if latest is not None and latest.checkpoint is not None and latest.checkpoint.path in paths:
+        left = [r for r in manager._checkpoint_results if r.checkpoint is not None]
+        newest = max(left, key=lambda r: (r.metrics or {}).get("training_iteration") or 0, default=None)
+        manager._latest_checkpoint_result = newest
+    trial.invalidate_json_state()
+    trial.run_metadata.invalidate_cache()
+
+
+def calling_scheduler(depth: int = 12) -> Any:
+    """The trial scheduler of the ``TuneController`` that is setting up its callbacks (None if not found)."""
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        scheduler = getattr(frame.f_locals.get("self"), "_scheduler_alg", None)
+        if scheduler is not None:
+            return scheduler
+        frame = frame.f_back
+    return None
+
+
+def scheduler_checkpoints(scheduler: Any) -> set[str]:
+    """Paths of the checkpoints ``scheduler`` may still hand a trial (PBT: each trial's donor checkpoint)."""
+    states = getattr(scheduler, "_trial_state", None)
+    if not isinstance(states, dict):
+        return set()
+    out = set()
+    for state in states.values():
+        # A Checkpoint; a save still in flight (_FutureTrainingResult) becomes its trial's newest checkpoint.
+        path = getattr(getattr(state, "last_checkpoint", None), "path", None)
+        if isinstance(path, str):
+            out.add(path)
+    return out

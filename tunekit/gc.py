@@ -1,0 +1,155 @@
+"""``tunekit gc``: delete the checkpoints an experiment no longer needs, after a preview.
+
+The checkpoints kept are the union of three selections (:mod:`tunekit.retention`,
+shared with :class:`tunekit.callbacks.KeepCheckpoints`). Whatever the
+selections, the newest checkpoint that verifies of every unfinished trial is kept: what
+``tunekit resume`` continues from. ``leftovers=True`` also deletes what
+interrupted writes left (staging directories whose writer is gone), copies kept
+while a newer checkpoint was written, and PBT pins of a finished run;
+damaged checkpoints' copies that ``tunekit resume`` kept are left to the user.
+
+Tested in ``tests/tunekit/test_gc.py``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pyarrow.fs as pafs
+
+from tunekit._trial_dir import leftovers as hidden_dirs
+from tunekit.errors import ConfigError, ExperimentError
+from tunekit.experiment_dir import checkpoint_bytes
+from tunekit.record import driver_running, read_record
+from tunekit.retention import Policy, newest_first, selected
+from tunekit.snapshot import ExperimentSnapshot, read_experiment
+from tunekit.storage import Storage, resolve_storage
+from tunekit.table import format_bytes
+
+__all__ = ["Deletion", "GcPlan", "delete_planned", "plan_gc"]
+
+#: Hidden directories ``leftovers=True`` deletes, and why each can go.
+_LEFTOVERS = {
+    "interrupted": "an interrupted write (its writer is gone)",
+    "kept": "a copy kept while a newer checkpoint was written",
+    "pinned": "a PBT donor's pin (the run is over)",
+}
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """One directory ``tunekit gc`` deletes."""
+
+    trial: str
+    name: str
+    bytes: int
+    why: str
+
+
+@dataclass
+class GcPlan:
+    """What ``tunekit gc`` deletes (``deletions``) and keeps (``kept``, checkpoints per trial)."""
+
+    location: str
+    deletions: list[Deletion] = field(default_factory=list)
+    kept: dict[str, list[str]] = field(default_factory=dict)
+    kept_bytes: int = 0
+
+    @property
+    def bytes(self) -> int:
+        return sum(d.bytes for d in self.deletions)
+
+    def lines(self) -> list[str]:
+        """Per trial: what goes, with counts and bytes; then the totals."""
+        out = []
+        for trial in sorted({d.trial for d in self.deletions} | set(self.kept)):
+            gone = [d for d in self.deletions if d.trial == trial]
+            kept = self.kept.get(trial, [])
+            line = f"{trial}: delete {len(gone)} ({format_bytes(sum(d.bytes for d in gone))})"
+            if gone:
+                line += f": {', '.join(d.name for d in gone)}"
+            out.append(line + f"; keep {len(kept)}: {', '.join(kept) or '-'}")
+        out.append(f"{len(self.deletions)} directories, {format_bytes(self.bytes)}, to delete; "
+                   f"{sum(len(k) for k in self.kept.values())} checkpoints ({format_bytes(self.kept_bytes)}) kept")
+        return out
+
+
+def plan_gc(
+    location: str | Storage,
+    *,
+    experiment_best: int | None = None,
+    trial_best: int | None = None,
+    trial_latest: int | None = None,
+    metric: str | None = None,
+    mode: Literal["max", "min"] | None = None,
+    leftovers: bool = False,
+    force: bool = False,
+) -> GcPlan:
+    """What ``tunekit gc`` would delete in the experiment at ``location``; nothing is deleted here.
+
+    Raises:
+        ConfigError: no selection, a bad count, or a ranking selection without ``metric`` and ``mode``.
+        ExperimentError: not an experiment, or its driver is still running (unless ``force``).
+    """
+    policy = Policy.checked("plan_gc", experiment_best=experiment_best, trial_best=trial_best,
+                            trial_latest=trial_latest, metric=metric, mode=mode, flags=True)
+    if not policy.selects and not leftovers:
+        raise ConfigError("say what to keep: --experiment-best N, --trial-best N and/or --trial-latest N "
+                          "(or --leftovers alone)")
+    experiment = resolve_storage(location)
+    record, _ = read_record(experiment.filesystem, experiment.path)
+    running = driver_running(record) if record else None
+    if running and not force:
+        raise ExperimentError(f"{experiment.uri} is in use: {running}; deleting now could take what it needs "
+                              "(--force deletes anyway)")
+    snapshot = read_experiment(experiment)
+    if policy.metric and (policy.experiment_best or policy.trial_best):
+        snapshot.check_metric("--metric", policy.metric)
+    keep = _kept(snapshot, policy) if policy.selects else None
+    plan = GcPlan(experiment.uri)
+    fs = experiment.filesystem
+    sizes = checkpoint_bytes(experiment)
+    for trial in snapshot.trials:
+        where = experiment.join(trial.name)
+        kept = []
+        for ckpt in trial.checkpoints:
+            size = sizes.get(f"{trial.name}/{ckpt.name}", 0)
+            if keep is None or (trial.name, ckpt.name) in keep:
+                kept.append(ckpt.name)
+                plan.kept_bytes += size
+            else:
+                plan.deletions.append(Deletion(trial.name, ckpt.name, size, "not selected"))
+        plan.kept[trial.name] = kept
+        if leftovers:
+            for name, kind in hidden_dirs(fs, where.path):
+                if kind in _LEFTOVERS and not (kind == "pinned" and running):
+                    infos = fs.get_file_info(pafs.FileSelector(posixpath.join(where.path, name), recursive=True))
+                    size = sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+                    plan.deletions.append(Deletion(trial.name, name, size, _LEFTOVERS[kind]))
+    return plan
+
+
+def _kept(snapshot: ExperimentSnapshot, policy: Policy) -> set[tuple[str, str]]:
+    """(trial directory, checkpoint) pairs the selections keep, with what resume needs."""
+    keep = selected({t.name: t.checkpoints for t in snapshot.trials}, policy)
+    for trial in snapshot.trials:
+        if trial.status != "TERMINATED":  # resume continues it from its newest checkpoint that verifies
+            good = next((c for c in newest_first(trial.checkpoints) if snapshot.verdict(c)[0]), None)
+            if good is not None:
+                keep.add((trial.name, good.name))
+    return keep
+
+
+def delete_planned(plan: GcPlan) -> int:
+    """Delete exactly what ``plan`` lists; return the bytes freed."""
+    experiment = resolve_storage(plan.location)
+    fs = experiment.filesystem
+    for deletion in plan.deletions:
+        path = posixpath.join(experiment.path, deletion.trial, deletion.name)
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            raise ExperimentError(f"{plan.location}: {deletion.trial}/{deletion.name} is gone already; "
+                                  "plan again (something else changed the experiment)")
+        fs.delete_dir(path)
+    return plan.bytes

@@ -1,0 +1,273 @@
+"""tunekit's own record of an experiment, in plain JSON: what ``tunekit resume`` needs when Ray's files are torn.
+
+Ray keeps an experiment's definition in ``tuner.pkl`` (a pickle of the
+trainable, the search space, the searcher, the callbacks) and its trials in
+``experiment_state-*.json``. A killed driver, a full disk or a partial copy
+can tear either. ``tunekit-experiment.json`` beside them holds, in plain JSON,
+what a resume needs besides the checkpoints:
+
+* the trainable's import path (``module:qualname``), the stop criteria, the
+  checkpoint config, ``num_samples``, metric and mode where known, and
+  tunekit's callbacks with their settings;
+* every trial: its id, directory, status, config, last iteration and stop criteria.
+
+It is written by the driver, at most once a second while something changed
+and once at the end, atomically: locally to a temporary name, fsync, then a
+rename over the old one; on object stores (S3) one PUT, which is atomic. A
+reader never sees half a record. Every tunekit callback
+(:class:`~tunekit.callbacks.ParquetLogger`, :class:`~tunekit.callbacks.ProgressPrinter`,
+the checkpoint policies) and :func:`tunekit.pbt_setup`'s scheduler keep it, so
+an experiment that uses any of them has it; :class:`tunekit.callbacks.ExperimentRecord`
+adds it to any other ``Tuner``. One record per run, whichever of them comes first.
+
+Nothing here is ever unpickled: the record is JSON, read with :func:`read_record`.
+
+Tested in ``tests/tunekit/test_resume_torn.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import posixpath
+import socket
+import time
+from typing import Any, Iterable
+
+import pyarrow.fs as pafs
+
+
+__all__ = ["ExperimentRecorder", "RECORD_NAME", "driver_running", "finish", "json_safe", "observe", "read_record",
+           "write_record"]
+
+RECORD_NAME = "tunekit-experiment.json"
+FORMAT = "tunekit-experiment"
+VERSION = 1
+#: Seconds between two writes of the record while a run goes on (the last one is written at the end).
+INTERVAL_S = 1.0
+#: The record is rewritten at least this often while its driver runs, changed or not: its heartbeat.
+HEARTBEAT_S = 60.0
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as JSON can hold it; what it cannot is kept as ``{"unrecorded": repr}``."""
+    if value is None or isinstance(value, (bool, str, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():  # numpy / torch scalars
+        return json_safe(value.item())
+    return {"unrecorded": repr(value)[:200]}
+
+
+def write_record(fs: pafs.FileSystem, experiment_path: str, record: dict[str, Any]) -> None:
+    """Replace ``EXP/tunekit-experiment.json`` with ``record``, atomically."""
+    data = json.dumps(record, indent=1, sort_keys=True).encode()
+    target = posixpath.join(experiment_path, RECORD_NAME)
+    if isinstance(fs, pafs.LocalFileSystem):
+        tmp = posixpath.join(experiment_path, f".{RECORD_NAME}.tmp-{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+        return
+    with fs.open_output_stream(target) as stream:  # one PUT: the object appears whole or not at all
+        stream.write(data)
+
+
+def read_record(fs: pafs.FileSystem, experiment_path: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The record of the experiment at ``experiment_path``, and a one-line problem if it is missing or damaged."""
+    path = posixpath.join(experiment_path, RECORD_NAME)
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None, f"no {RECORD_NAME} (the run used no tunekit callback or scheduler, or tunekit < 0.4)"
+    with fs.open_input_stream(path) as stream:
+        text = stream.read().decode("utf-8", errors="replace")
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        return None, f"{RECORD_NAME} is damaged ({exc})"
+    if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("trials"), list):
+        return None, f"{RECORD_NAME} is not a tunekit experiment record"
+    return record, None
+
+
+def _trainable_spec(trial: Any) -> str | None:
+    from tunekit._saving import trainable_spec
+
+    try:
+        cls = trial.get_trainable_cls()
+    except Exception:  # noqa: BLE001 - not registered in this process: nothing to record
+        return None
+    if cls is None:
+        return None
+    fn = getattr(cls, "_train_fn", None)  # tunekit.function_trainable
+    if fn is not None:
+        return f"{fn.__module__}:{fn.__qualname__}"
+    if getattr(cls, "__module__", "").startswith("ray.") and getattr(cls, "_name", None):
+        return None  # a plain training function Ray wrapped: its module is not recorded by Ray
+    return trainable_spec(cls)
+
+
+def _checkpoint_config(trial: Any) -> dict[str, Any] | None:
+    from tunekit._ray import trial_checkpoint_config  # the readers import this module without Ray
+
+    config = trial_checkpoint_config(trial)
+    if config is None or not dataclasses.is_dataclass(config):
+        return None
+    return json_safe(dataclasses.asdict(config))
+
+
+class ExperimentRecorder:
+    """Keeps one run's record up to date; one per run, shared by the tunekit callbacks of that run."""
+
+    def __init__(self, trials: list[Any]) -> None:
+        self.trials = trials  # the controller's own list: the run's identity while it lives
+        self.info: dict[str, Any] = {}
+        self.metric: str | None = None
+        self.mode: str | None = None
+        self.scheduler: str | None = None
+        self.callbacks: dict[str, dict[str, Any] | None] = {}
+        self._last_write = -math.inf
+        self._last_written = -math.inf
+        self._last_text: str | None = None
+        self.ended = False
+        self._target: tuple[pafs.FileSystem, str] | None = None
+
+    def describe_callback(self, callback: Any) -> None:
+        name = f"{type(callback).__module__}:{type(callback).__qualname__}"
+        if name not in self.callbacks:
+            kwargs = callback._recorded_kwargs() if hasattr(callback, "_recorded_kwargs") else None
+            self.callbacks[name] = json_safe(kwargs) if kwargs is not None else None
+        metric = getattr(callback, "metric", None)
+        mode = getattr(callback, "mode", None)
+        if self.metric is None and isinstance(metric, str):
+            self.metric = metric
+            self.mode = mode if mode in ("max", "min") else self.mode
+
+    def build(self) -> dict[str, Any] | None:
+        trials = list(self.trials)
+        if not trials:
+            return None
+        first = trials[0]
+        stop = self.info.get("stop")
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "name": posixpath.basename(posixpath.dirname(first.path)),
+            "trainable": _trainable_spec(first),
+            "stop": json_safe(stop) if isinstance(stop, dict) else json_safe(getattr(first, "stopping_criterion", None)),
+            "stop_is_dict": stop is None or isinstance(stop, dict),
+            "num_samples": json_safe(self.info.get("num_samples")),
+            "total_num_samples": json_safe(self.info.get("total_num_samples")),
+            "metric": self.metric,
+            "mode": self.mode,
+            "checkpoint_config": _checkpoint_config(first),
+            "scheduler": self.scheduler,
+            "callbacks": [{"class": k, "kwargs": v} for k, v in sorted(self.callbacks.items())],
+            "trials": [self._trial(t) for t in trials],
+            "driver": {"host": socket.gethostname(), "pid": os.getpid()},
+            "ended": self.ended,
+        }
+
+    @staticmethod
+    def _trial(trial: Any) -> dict[str, Any]:
+        last = trial.last_result or {}
+        return {
+            "trial_id": trial.trial_id,
+            "dir": posixpath.basename(trial.path),
+            "status": trial.status,
+            "config": json_safe(trial.config),
+            "iteration": json_safe(last.get("training_iteration")),
+            "stop": json_safe(getattr(trial, "stopping_criterion", None)),
+        }
+
+    def flush(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_write < INTERVAL_S:
+            return
+        self._last_write = now
+        record = self.build()
+        if record is None:
+            return
+        text = json.dumps(record, sort_keys=True)
+        if text == self._last_text and now - self._last_written < HEARTBEAT_S and not force:
+            return
+        record["updated"] = time.time()  # wall clock: read by other processes and machines (tunekit gc)
+        if self._target is None:
+            from tunekit._ray import trial_filesystem
+
+            first = self.trials[0]
+            self._target = (trial_filesystem(first), posixpath.dirname(first.path))
+        fs, path = self._target
+        try:
+            write_record(fs, path, record)
+        except OSError as exc:  # the record is a safety net: a failed write must not fail the run
+            import logging
+
+            logging.getLogger(__name__).warning("tunekit: could not write %s in %s: %s", RECORD_NAME, path, exc)
+            return
+        self._last_text = text
+        self._last_written = now
+
+
+# id(the controller's trial list) -> (recorder, the callback or scheduler that writes it)
+_RUNS: dict[int, tuple[ExperimentRecorder, Any]] = {}
+
+
+def observe(owner: Any, trials: list[Any], *, info: dict[str, Any] | None = None, scheduler: bool = False,
+            force: bool = False) -> ExperimentRecorder:
+    """Called by a tunekit callback (every step) or scheduler (every result): the first for a run writes the record."""
+    entry = _RUNS.get(id(trials))
+    if entry is None or entry[0].trials is not trials:
+        entry = _RUNS[id(trials)] = (ExperimentRecorder(trials), owner)
+    recorder, writer = entry
+    if info:
+        recorder.info.update(info)
+    if scheduler:
+        recorder.scheduler = f"{type(owner).__module__}:{type(owner).__qualname__}"
+        recorder.metric = recorder.metric or getattr(owner, "_metric", None)
+        recorder.mode = recorder.mode or getattr(owner, "_mode", None)
+    else:
+        recorder.describe_callback(owner)
+    if writer is owner:
+        recorder.flush(force=force)
+    return recorder
+
+
+def finish(owner: Any, trials: Iterable[Any]) -> None:
+    """At the end of a run: the final record, and the run forgotten."""
+    entry = _RUNS.get(id(trials))
+    if entry is None or entry[1] is not owner:
+        return
+    entry[0].ended = True
+    entry[0].flush(force=True)
+    del _RUNS[id(trials)]
+
+
+def driver_running(record: dict[str, Any]) -> str | None:
+    """Why the run that keeps ``record`` may still be going (its driver alive, its heartbeat fresh), else None."""
+    from tunekit._trial_dir import writer_alive, writer_id
+
+    if record.get("ended"):
+        return None
+    driver = record.get("driver") if isinstance(record.get("driver"), dict) else {}
+    host, pid, updated = driver.get("host"), driver.get("pid"), record.get("updated")
+    age = time.time() - updated if isinstance(updated, (int, float)) else math.inf
+    if age > 5 * HEARTBEAT_S:
+        return None  # no heartbeat for 5 minutes: its driver is gone
+    if host == socket.gethostname() and isinstance(pid, int):
+        if not writer_alive(writer_id().rsplit("-", 1)[0], pid):
+            return None
+        return f"its driver is running (pid {pid} on this machine; record updated {age:.0f} s ago)"
+    return f"its driver on {host} updated the record {age:.0f} s ago (it beats every {HEARTBEAT_S:.0f} s)"
