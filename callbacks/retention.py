@@ -22,6 +22,7 @@ from tunekit._snapshot_model import CheckpointSummary, ranked
 from tunekit.callbacks.record import TunekitCallback
 from tunekit.errors import ConfigError
 from tunekit.retention import Policy, newest_first, selected
+from tunekit.storage import directory_bytes
 from tunekit.table import format_bytes
 
 __all__ = ["KeepCheckpoints"]
@@ -181,9 +182,7 @@ class KeepCheckpoints(TunekitCallback):
 
     def _size(self, checkpoint: Any) -> int:
         if checkpoint.path not in self._sizes:
-            infos = checkpoint.filesystem.get_file_info(pafs.FileSelector(checkpoint.path, recursive=True,
-                                                                          allow_not_found=True))
-            size = sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+            size = directory_bytes(checkpoint.filesystem, checkpoint.path)
             if not self._complete(checkpoint):
                 return size  # still being written: counted again next time
             self._sizes[checkpoint.path] = size

@@ -13,6 +13,7 @@ Tested in ``tests/tunekit/test_check.py``.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -25,8 +26,27 @@ from typing import Any
 
 __all__ = ["fingerprints", "main", "rng_streams"]
 
-#: Objects whose state ``fingerprints`` reads (kind, how).
+#: How many items of one container or object the search for what the trainable holds reads.
 _MAX_ITEMS = 64
+_OPAQUE = (type, types.ModuleType, types.FunctionType, str, bytes)
+
+
+def _children(obj: Any, limit: int | None = _MAX_ITEMS, sets: bool = False) -> list[tuple[str, Any, Any]]:
+    """What a dict, list, tuple (a set with ``sets``) or plain object holds: ``(sep, key, value)``, sep ``[`` or ``.``.
+
+    The first ``limit`` items, read at once (the trainable's threads may change them meanwhile).
+    """
+    if isinstance(obj, _OPAQUE):
+        return []
+    if isinstance(obj, dict):
+        items: Any = (("[", k, v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)) or (sets and isinstance(obj, (set, frozenset))):
+        items = (("[", i, v) for i, v in enumerate(obj))
+    elif hasattr(obj, "__dict__"):
+        items = ((".", k, v) for k, v in vars(obj).items())
+    else:
+        return []
+    return list(itertools.islice(items, limit))
 
 
 def _digest(data: bytes) -> str:
@@ -40,74 +60,59 @@ def _tensor_digest(t: Any) -> str:
     return _digest(t.view(torch.uint8).numpy().tobytes()) + f"/{t.dtype}/{t.numel()}"
 
 
-def rng_streams() -> dict[str, str]:
-    """Digests of the global random streams: Python's, NumPy's, torch's (and CUDA's when in use)."""
-    import numpy as np
-    import torch
-
-    out = {"random (Python's global)": _digest(repr(random.getstate()).encode()),
-           "numpy.random (global)": _digest(repr(np.random.get_state()).encode()),
-           "torch (CPU)": _digest(torch.get_rng_state().numpy().tobytes())}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["torch (CUDA)"] = _digest(b"".join(s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()))
-    return out
-
-
-def _kind(obj: Any) -> str | None:
-    import numpy as np
+def _nested_digest(obj: Any) -> str:
+    """A digest of nested dicts, lists and tensors (a ``state_dict``, captured RNG state), the same in any process."""
     import torch
 
     if isinstance(obj, torch.Tensor):
-        return "tensor"
-    if isinstance(obj, torch.nn.Module):
-        return "module"
-    if isinstance(obj, torch.optim.Optimizer):
-        return "optimizer"
-    if isinstance(obj, torch.Generator):
-        return "torch.Generator"
-    if isinstance(obj, random.Random):
-        return "random.Random"
-    if isinstance(obj, np.random.Generator):
-        return "numpy.random.Generator"
-    if isinstance(obj, np.random.RandomState):
-        return "numpy.random.RandomState"
-    if isinstance(obj, np.ndarray):
-        return "numpy array"
-    if isinstance(obj, (bool, int, float)):
-        return "number"
-    if isinstance(obj, (types.GeneratorType, types.CoroutineType)) or (
-            hasattr(obj, "__next__") and hasattr(obj, "__iter__") and not isinstance(obj, (str, bytes))):
-        return "iterator"
-    return None
+        return _tensor_digest(obj)
+    if isinstance(obj, dict):
+        return _digest(repr({k: _nested_digest(v) for k, v in obj.items()}).encode())
+    if isinstance(obj, (list, tuple)):
+        return _digest(repr([_nested_digest(v) for v in obj]).encode())
+    return repr(obj)
 
 
-def _value(kind: str, obj: Any) -> tuple[str, Any]:
-    """(digest, tensor or None) of one object outside the saved state."""
+#: The global random streams as ``tunekit.rng.capture_rng`` names them -> as the check's findings name them.
+_STREAMS = {"python": "random (Python's global)", "numpy": "numpy.random (global)", "torch": "torch (CPU)",
+            "cuda": "torch (CUDA)"}
+
+
+def rng_streams() -> dict[str, str]:
+    """Digests of the global random streams: Python's, NumPy's, torch's (and CUDA's when in use)."""
+    from tunekit.rng import capture_rng
+
+    captured = capture_rng()
+    return {name: _nested_digest(captured[key]) for key, name in _STREAMS.items() if key != "cuda" or captured[key]}
+
+
+def _number_digest(x: Any) -> str:
+    return "nan" if isinstance(x, float) and math.isnan(x) else repr(x)
+
+
+def _fingerprint(obj: Any) -> tuple[str, str, Any] | None:
+    """(kind, digest, tensor or None) of an object whose state the check compares; None for any other object."""
+    import numpy as np
     import torch
 
-    if kind == "tensor":
-        return _tensor_digest(obj), obj.detach().cpu().clone()
-    if kind in ("module", "optimizer"):
-        sd = obj.state_dict()
-        from tunekit.check import flatten
-
-        flat: list[tuple[str, Any]] = []
-        flatten(sd, "", flat)
-        return _digest("".join(f"{k}={_tensor_digest(v) if isinstance(v, torch.Tensor) else repr(v)}"
-                               for k, v in flat).encode()), None
-    if kind == "torch.Generator":
-        return _digest(obj.get_state().numpy().tobytes()), None
-    if kind == "random.Random":
-        return _digest(repr(obj.getstate()).encode()), None
-    if kind == "numpy.random.Generator":
-        return _digest(repr(obj.bit_generator.state).encode()), None
-    if kind == "numpy.random.RandomState":
-        return _digest(repr(obj.get_state()).encode()), None
-    if kind == "numpy array":
-        return _digest(obj.tobytes()), None
-    if kind == "number":
-        return ("nan" if isinstance(obj, float) and math.isnan(obj) else repr(obj)), None
-    return "", None  # an iterator: where it stands cannot be read without moving it
+    kinds: list[tuple[Any, str, Any]] = [
+        (torch.Tensor, "tensor", _tensor_digest),
+        (torch.nn.Module, "module", lambda m: _nested_digest(m.state_dict())),
+        (torch.optim.Optimizer, "optimizer", lambda o: _nested_digest(o.state_dict())),
+        (torch.Generator, "torch.Generator", lambda g: _tensor_digest(g.get_state())),
+        (random.Random, "random.Random", lambda r: _digest(repr(r.getstate()).encode())),
+        (np.random.Generator, "numpy.random.Generator", lambda g: _digest(repr(g.bit_generator.state).encode())),
+        (np.random.RandomState, "numpy.random.RandomState", lambda r: _digest(repr(r.get_state()).encode())),
+        (np.ndarray, "numpy array", lambda a: _digest(a.tobytes())),
+        ((bool, int, float), "number", _number_digest),
+    ]
+    for types_, kind, digest in kinds:
+        if isinstance(obj, types_):
+            return kind, digest(obj), (obj.detach().cpu().clone() if kind == "tensor" else None)
+    if isinstance(obj, (types.GeneratorType, types.CoroutineType)) or (
+            hasattr(obj, "__next__") and hasattr(obj, "__iter__") and not isinstance(obj, (str, bytes))):
+        return "iterator", "", None  # where it stands cannot be read without moving it
+    return None
 
 
 def _state_ids(roots: list[Any]) -> set[int]:
@@ -124,15 +129,8 @@ def _state_ids(roots: list[Any]) -> set[int]:
         if isinstance(obj, TrainingState):
             states.append(obj)
             return
-        if isinstance(obj, dict):
-            for v in list(obj.values())[:_MAX_ITEMS]:
-                find(v, depth + 1)
-        elif isinstance(obj, (list, tuple)):
-            for v in list(obj)[:_MAX_ITEMS]:
-                find(v, depth + 1)
-        elif hasattr(obj, "__dict__") and not isinstance(obj, (type, types.ModuleType, types.FunctionType)):
-            for v in list(vars(obj).values())[:_MAX_ITEMS]:
-                find(v, depth + 1)
+        for _, _, v in _children(obj):
+            find(v, depth + 1)
 
     for root in roots:
         find(root, 0)
@@ -142,15 +140,8 @@ def _state_ids(roots: list[Any]) -> set[int]:
         if id(obj) in ids or depth > 12 or isinstance(obj, (type, types.ModuleType, types.FunctionType)):
             return
         ids.add(id(obj))
-        if isinstance(obj, dict):
-            for v in obj.values():
-                mark(v, depth + 1)
-        elif isinstance(obj, (list, tuple, set)):
-            for v in obj:
-                mark(v, depth + 1)
-        elif hasattr(obj, "__dict__"):
-            for v in vars(obj).values():
-                mark(v, depth + 1)
+        for _, _, v in _children(obj, limit=None, sets=True):
+            mark(v, depth + 1)
 
     for state in states:
         mark(state, 0)
@@ -165,28 +156,21 @@ def fingerprints(named_roots: dict[str, Any], skip: set[int]) -> dict[str, tuple
     seen: set[int] = set(skip)
 
     def walk(obj: Any, path: str, depth: int) -> None:
-        if isinstance(obj, (TrainingState, type, types.ModuleType, types.FunctionType, str, bytes)):
+        if isinstance(obj, (TrainingState, *_OPAQUE)):
             return
         if not isinstance(obj, (bool, int, float)):  # (small numbers are shared objects: compared by value)
             if id(obj) in seen:
                 return
             seen.add(id(obj))
-        kind = _kind(obj)
-        if kind is not None:
-            digest, tensor = _value(kind, obj)
-            out[path] = (kind, digest, tensor)
+        found = _fingerprint(obj)
+        if found is not None:
+            out[path] = found
             return
-        if depth >= 3:
-            return
-        if isinstance(obj, dict):
-            for k, v in list(obj.items())[:_MAX_ITEMS]:
-                walk(v, f"{path}[{k!r}]", depth + 1)
-        elif isinstance(obj, (list, tuple)):
-            for i, v in enumerate(list(obj)[:_MAX_ITEMS]):
-                walk(v, f"{path}[{i}]", depth + 1)
-        elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] not in ("ray", "torch", "tunekit"):
-            for k, v in list(vars(obj).items())[:_MAX_ITEMS]:
-                walk(v, f"{path}.{k}", depth + 1)
+        if depth >= 3 or (not isinstance(obj, (dict, list, tuple))
+                          and type(obj).__module__.split(".")[0] in ("ray", "torch", "tunekit")):
+            return  # (the libraries' own objects: what they hold is theirs, or in the saved state)
+        for sep, key, v in _children(obj):
+            walk(v, f"{path}[{key!r}]" if sep == "[" else f"{path}.{key}", depth + 1)
 
     for name, root in named_roots.items():
         walk(root, name, 0)

@@ -40,7 +40,6 @@ SIGKILLed inside each phase of a write).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -59,6 +58,7 @@ from tunekit._trial_dir import CHECKPOINT_DIR, keep_newest_complete, link_tree, 
 from tunekit.checkpoint import confirm_upload, fsync_paths, write_checkpoint
 from tunekit.errors import CheckpointError, first_line
 from tunekit.state import StateBuffers
+from tunekit.storage import directory_bytes
 
 __all__ = [
     "BackgroundSaves",
@@ -265,9 +265,9 @@ def commit_checkpoint(staging: str, final: str, write: Callable[[str], None], du
             shutil.rmtree(final)
         os.rename(staging, final)
     except BaseException as exc:
-        written = _tree_bytes(staging)
+        written = _local_bytes(staging) if _no_space(exc) else None
         shutil.rmtree(staging, ignore_errors=True)
-        if _no_space(exc):
+        if written is not None:
             raise CheckpointError(_no_space_line(final, written)) from exc
         raise
     durability.sync(final)
@@ -288,13 +288,8 @@ def _no_space(exc: BaseException) -> bool:
     return False
 
 
-def _tree_bytes(path: str) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
+def _local_bytes(path: str) -> int:
+    return directory_bytes(pafs.LocalFileSystem(), path)
 
 
 def _no_space_line(final: str, written: int) -> str:
@@ -304,7 +299,7 @@ def _no_space_line(final: str, written: int) -> str:
     parent, name = os.path.split(final)
     previous = [e for e in os.scandir(parent) if CHECKPOINT_DIR.match(e.name) and e.path != final] \
         if os.path.isdir(parent) else []
-    sizes = [written] + ([_tree_bytes(max(previous, key=lambda e: e.name).path)] if previous else [])
+    sizes = [written] + ([_local_bytes(max(previous, key=lambda e: e.name).path)] if previous else [])
     needs = max(sizes)  # the previous checkpoint holds the same state: about as many bytes
     free = shutil.disk_usage(parent).free if os.path.isdir(parent) else 0
     return (f"no space left on the device of {parent}: {name} needs about {format_bytes(needs)} ({needs} bytes), "

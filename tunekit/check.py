@@ -181,14 +181,15 @@ def check_resume(trainable: Any, config: Mapping[str, Any] | None = None, *, ite
         (c2,) = _legs(work, device, [{**base, "name": "C2", "leg": "resume", "iterations": iterations - at,
                                       "checkpoint": first[2]["checkpoint"]}])
         a, b, c1 = first
+        a_saved = _saved(a["checkpoint"])  # compared with B's and with C's
         report = CheckReport(spec, iterations, at, device, "pass")
-        again = _first_difference(a, b["metrics"], b["checkpoint"])
+        again = _first_difference(a, a_saved, b["metrics"], b["checkpoint"])
         if again is not None:
             report.verdict, report.difference = "not deterministic", again
             report.diagnosis = ["runs A and B differ without any resume: the check cannot judge the resume; "
                                 + _DETERMINISM]
         else:
-            resumed = _first_difference(a, c1["metrics"] + c2["metrics"], c2["checkpoint"], at=at)
+            resumed = _first_difference(a, a_saved, c1["metrics"] + c2["metrics"], c2["checkpoint"], at=at)
             if resumed is not None:
                 report.verdict, report.difference = "resume differs", resumed
                 report.diagnosis = _diagnose(work, a, c2, at)
@@ -231,8 +232,8 @@ def _same(x: Any, y: Any) -> bool:
     return bool(x == y)
 
 
-def _first_difference(a: dict[str, Any], metrics: list[dict[str, Any]], checkpoint: str, *,
-                      at: int | None = None) -> str | None:
+def _first_difference(a: dict[str, Any], a_saved: dict[str, Any], metrics: list[dict[str, Any]], checkpoint: str,
+                      *, at: int | None = None) -> str | None:
     """The first metric (by iteration) or saved tensor where ``metrics``/``checkpoint`` differ from run A's."""
     from tunekit._snapshot_model import RAY_KEYS
 
@@ -246,12 +247,11 @@ def _first_difference(a: dict[str, Any], metrics: list[dict[str, Any]], checkpoi
                 delta = f", absolute difference {abs(x - y):.3g}" if isinstance(x, (int, float)) and \
                     isinstance(y, (int, float)) else ""
                 return f"metric {key!r} at iteration {i}{where}: {x!r} against {y!r}{delta}"
-    return _state_difference(a["checkpoint"], checkpoint)
+    return _state_difference(a_saved, _saved(checkpoint))
 
 
-def _state_difference(one: str, other: str) -> str | None:
-    """The first tensor or value of the final saved states that differs, with the largest absolute difference."""
-    left, right = _saved(one), _saved(other)
+def _state_difference(left: dict[str, Any], right: dict[str, Any]) -> str | None:
+    """The first tensor or value of two final saved states (``_saved``) that differs, with the largest difference."""
     for key in sorted(set(left) | set(right)):
         if key not in left or key not in right:
             return f"saved state entry {key!r} is in only one of the runs' final checkpoints"
@@ -259,19 +259,13 @@ def _state_difference(one: str, other: str) -> str | None:
         if hasattr(x, "shape") and hasattr(y, "shape"):
             if x.shape != y.shape or x.dtype != y.dtype:
                 return f"saved tensor {key}: shape/dtype {tuple(x.shape)}/{x.dtype} against {tuple(y.shape)}/{y.dtype}"
-            if not bool((x == y).all()) and not (x.is_floating_point() and bool(x.isnan().equal(y.isnan()))
-                                                 and bool((x.nan_to_num() == y.nan_to_num()).all())):
-                diff = (x.double() - y.double()).abs().max().item() if x.dtype != _bool() else 1
+            same = x.equal(y) or (x.is_floating_point() and bool(x.isclose(y, rtol=0, atol=0, equal_nan=True).all()))
+            if not same:
+                diff = (x.double() - y.double()).abs().max().item()
                 return f"saved tensor {key} at the end: largest absolute difference {diff:.3g}"
         elif not _same(x, y):
             return f"saved value {key} at the end: {x!r} against {y!r}"
     return None
-
-
-def _bool() -> Any:
-    import torch
-
-    return torch.bool
 
 
 def _saved(checkpoint: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from tunekit.experiment_dir import checkpoint_bytes
 from tunekit.record import driver_running, read_record
 from tunekit.retention import Policy, newest_first, selected
 from tunekit.snapshot import ExperimentSnapshot, read_experiment
-from tunekit.storage import Storage, resolve_storage
+from tunekit.storage import Storage, directory_bytes, resolve_storage
 from tunekit.table import format_bytes
 
 __all__ = ["Deletion", "GcPlan", "delete_planned", "plan_gc"]
@@ -125,8 +125,7 @@ def plan_gc(
         if leftovers:
             for name, kind in hidden_dirs(fs, where.path):
                 if kind in _LEFTOVERS and not (kind == "pinned" and running):
-                    infos = fs.get_file_info(pafs.FileSelector(posixpath.join(where.path, name), recursive=True))
-                    size = sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+                    size = directory_bytes(fs, posixpath.join(where.path, name))
                     plan.deletions.append(Deletion(trial.name, name, size, _LEFTOVERS[kind]))
     return plan
 

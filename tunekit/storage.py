@@ -48,6 +48,7 @@ __all__ = [
     "DEFAULT_STORAGE_PATH",
     "Storage",
     "check_cluster_storage",
+    "directory_bytes",
     "probe_storage",
     "redact",
     "resolve_storage",
@@ -111,6 +112,12 @@ class Storage:
 
     def __str__(self) -> str:
         return self.uri
+
+
+def directory_bytes(fs: pafs.FileSystem, path: str) -> int:
+    """The bytes of every file under ``path`` on ``fs`` (0 when it is not there), from one recursive listing."""
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    return sum(info.size or 0 for info in infos if info.type == pafs.FileType.File)
 
 
 @contextlib.contextmanager

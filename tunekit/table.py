@@ -10,8 +10,6 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from tunekit._checks import is_number  # noqa: F401 - shared here for the readers
-
 __all__ = ["RESULTS_DIR", "flatten_result", "format_bytes", "format_table", "rows_to_table"]
 
 #: Where :class:`tunekit.callbacks.ParquetLogger` writes, inside the experiment directory.

@@ -17,10 +17,10 @@ from typing import Any
 
 import pandas as pd
 
+from tunekit._checks import is_number
 from tunekit.analysis import load_results
 from tunekit.errors import ExperimentError
 from tunekit.storage import Storage
-from tunekit.table import is_number
 
 __all__ = ["export_tensorboard"]
 

@@ -163,11 +163,11 @@ def test_hyperband_resumes_each_paused_trial_from_its_own_latest_checkpoint(ray_
         assert [p.name for p in Path(result.path).glob("checkpoint_*")] == [Path(result.checkpoint.path).name]
 
 
-def test_a_disk_budget_holds_within_one_checkpoint_and_warns_once_when_nothing_can_go(ray_session, storage):
+def test_a_disk_budget_holds_within_a_checkpoint_per_running_trial_and_warns_once_when_nothing_can_go(ray_session, storage):
     sizes: list[int] = []
 
-    class Sizes(tune.Callback):
-        def on_trial_result(self, iteration, trials, trial, result, **info):
+    class Sizes(tune.Callback):  # after the policy's decision on each new checkpoint, once its deletions are done
+        def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
             keep.wait()
             sizes.append(sum(f.stat().st_size for f in (storage / "budget").glob("*/checkpoint_*/*")))
 
@@ -179,11 +179,13 @@ def test_a_disk_budget_holds_within_one_checkpoint_and_warns_once_when_nothing_c
             ToyPBT, param_space={"h": tune.grid_search(H[:2]), "lr": 0.1},
             run_config=tune.RunConfig(name="budget", storage_path=str(storage), stop={"training_iteration": 12},
                                       checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1), verbose=0,
-                                      callbacks=[Sizes(), keep]),
+                                      callbacks=[keep, Sizes()]),
         ).fit()
     assert not grid.errors and keep.deleted > 0
     largest = max(sum(f.stat().st_size for f in c.iterdir()) for c in (storage / "budget").glob("*/checkpoint_*"))
-    assert largest <= one and max(sizes) <= keep.max_bytes + largest, sizes
+    # The budget is applied as each checkpoint is registered; meanwhile each of the 2 trials running side by
+    # side may have one more on disk (being written, or whole but not registered yet).
+    assert largest <= one and sizes and max(sizes) <= keep.max_bytes + 2 * largest, sizes
     assert not [w for w in caught if "KeepCheckpoints(max_bytes" in str(w.message)]
 
     tiny = KeepCheckpoints(max_bytes=1)  # nothing but what resume needs: one warning, training goes on
