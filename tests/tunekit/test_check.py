@@ -75,6 +75,7 @@ def test_a_nondeterministic_trainable_is_told_apart_from_an_unresumable_one(caps
     (["tunekit.trainables.digits:DEFAULTS"], "dict is not a trainable; expected a tunekit.TorchTrainable subclass"),
     (["tunekit.trainables:DigitsTrainable", "--config", "{lr: 1"], "--config: not valid JSON"),
     (["tunekit.trainables:DigitsTrainable", "--config", "[1, 2]"], "--config: expected a JSON object"),
+    (["tunekit.trainables:DigitsTrainable", "--config", "no/such.json"], "--config: no such file no/such.json"),
     (["tunekit.trainables:DigitsTrainable", "--iterations", "4", "--at", "4"], "--at 4: expected an iteration in 1..3"),
     (["tunekit.trainables:DigitsTrainable", "--iterations", "1"], "1 must be >= 2"),
 ])
