@@ -184,6 +184,11 @@ def test_pbt_trial_state_records_the_last_scored_time():
     trial = Trial("__fake", config={"lr": 0.1}, stub=True)
     pbt.on_trial_add(types.SimpleNamespace(search_alg=None), trial)  # the controller's one attribute read
     assert pbt.last_scored_time(trial) == 0, "Ray changed: PBT _trial_state[trial].last_train_time"
+    assert pbt._trial_state[trial].last_checkpoint is None, "Ray changed: PBT _trial_state[trial].last_checkpoint"
+    assert trial.temporary_state.saving_to is None, "Ray changed: Trial.temporary_state.saving_to"
+    from ray.train._internal.session import _FutureTrainingResult  # what Ray's PBT keeps for a save in flight
+
+    assert callable(getattr(_FutureTrainingResult, "resolve", None)), "Ray changed: _FutureTrainingResult.resolve"
 
 
 def _tunekit_modules():
