@@ -139,6 +139,7 @@ def die_once(config: dict[str, Any], upcoming: int) -> None:
     if not marker:
         return
     _stepping.set()
+    _upcoming[0] = upcoming
     if upcoming != at:
         return
     phase = config.get("die_in_write")
@@ -154,8 +155,11 @@ def die_once(config: dict[str, Any], upcoming: int) -> None:
         wait_for_step = config.get("die_after_step", True)
 
         def hook(reached: str) -> None:
-            if reached != phase or _saves[1] == _saves[0]:
-                return  # not the phase, or this write was let through already
+            if reached != phase or _saves[1] == _saves[0] or _upcoming[0] < at:
+                # Not the phase, this write was let through already, or the worker now runs a trial
+                # before ``at`` (a reused actor: the hook stays in the process; a CI run killed the
+                # first write of the next trial it ran, which no test here means to do).
+                return
             _saves[1] = _saves[0]
             if (not wait_for_step or _stepping.wait(timeout=1.0)) and _first_death(marker):
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -170,6 +174,8 @@ def die_once(config: dict[str, Any], upcoming: int) -> None:
 _stepping = threading.Event()
 #: [saves started, the save whose write the hook has seen]: one wait per write.
 _saves = [0, -1]
+#: The iteration this worker's trial started last (a reused worker runs another trial from 1).
+_upcoming = [0]
 
 
 def saving() -> None:

@@ -207,17 +207,22 @@ def test_checkpoint_of_the_previous_release_verifies_and_restores(place):
     assert b'"format":"tunekit-manifest/2"' in (V2_FIXTURE / MANIFEST_FILE).read_bytes()
     where = place(V2_FIXTURE)
     assert verify_checkpoint(where).status == "good"
+    # The exact values are the fixture's own, as torch reads them (not tunekit's reader): the
+    # seeded state rebuilt here matches them only to rounding, which depends on the CPU's kernels
+    # (a CI machine with AVX-512 differed in the last bit from the one that wrote the fixture).
+    saved = torch.load(V2_FIXTURE / "state.pt", weights_only=True)
     expected = fixture_state()
     # Restore into a fresh state of the same shape (other weights): it must become the saved one.
     target = fixture_state()
     torch.nn.init.zeros_(target.models["model"].weight)
     TrainingState.load_state_dict(target, read_state(where))
-    for name, value in expected.models["model"].state_dict().items():
+    for name, value in saved["models"]["model"].items():
         assert torch.equal(target.models["model"].state_dict()[name], value), name
-    moments = [
-        [v["momentum_buffer"] for v in s.optimizers["sgd"].state_dict()["state"].values()] for s in (target, expected)
-    ]
-    assert len(moments[0]) == 2 and all(torch.equal(a, b) for a, b in zip(*moments))
+        assert torch.allclose(expected.models["model"].state_dict()[name], value, atol=1e-6), name
+    saved_moments = [v["momentum_buffer"] for v in saved["optimizers"]["sgd"]["state"].values()]
+    moments = [v["momentum_buffer"] for v in target.optimizers["sgd"].state_dict()["state"].values()]
+    assert len(moments) == len(saved_moments) == 2
+    assert all(torch.equal(a, b) for a, b in zip(moments, saved_moments))
     assert target.counters.iteration == 3
     # A flipped byte in a v2 checkpoint is still found (by SHA-256, as that release wrote it).
     flip_byte(where.filesystem, where.path, "state.pt")
