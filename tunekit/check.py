@@ -111,15 +111,15 @@ def parse_config(text: str | None) -> dict[str, Any]:
     if text is None:
         return {}
     source = "--config"
-    if not text.lstrip().startswith("{") and os.path.isfile(text):
+    first = text.lstrip()[:1]
+    if first != "{" and os.path.isfile(text):
         source = f"--config file {text}"
         text = Path(text).read_text()
+    elif first not in ("{", "[", '"') and (os.sep in text or text.endswith(".json")):  # no JSON value looks so
+        raise ConfigError(f"--config: no such file {text}; expected inline JSON or the path of a JSON file")
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
-        if source == "--config" and text.strip()[:1] not in "{[\"" and (os.sep in text or text.endswith(".json")):
-            raise ConfigError(f"--config: no such file {text}; expected inline JSON or the path of a JSON file") \
-                from None
         raise ConfigError(f"{source}: not valid JSON ({exc})") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{source}: expected a JSON object of hyperparameters, got {type(config).__name__}")

@@ -18,6 +18,7 @@ from typing import Any
 from ray import tune
 from ray.train._internal.checkpoint_manager import _TrainingResult
 from ray.train._internal.session import _FutureTrainingResult
+from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining
 from typing_extensions import override
 
@@ -117,8 +118,6 @@ class PBTWithDonorChoice(PopulationBasedTraining):
         waiting for its slot as pending); Ray takes the same one for a paused
         trial that ranks in the upper quantile.
         """
-        from ray.tune.experiment import Trial
-
         state = self._trial_state[donor]
         if state.last_checkpoint or donor.status not in (Trial.PAUSED, Trial.PENDING):  # pending: to resume
             return
@@ -127,8 +126,6 @@ class PBTWithDonorChoice(PopulationBasedTraining):
 
     @override
     def _exploit(self, tune_controller: Any, trial: Any, trial_to_clone: Any) -> None:
-        from ray.tune.experiment import Trial
-
         if trial.status != Trial.RUNNING or not supports_clone(trial) or not self.exploit_in_place(trial):
             super()._exploit(tune_controller, trial, trial_to_clone)
             if supports_clone(trial):
