@@ -11,7 +11,7 @@ from ray import tune
 from ray.tune.experiment import Trial
 from typing_extensions import override
 
-from tunekit import record
+from tunekit import _env, record
 
 __all__ = ["ExperimentRecord", "TunekitCallback"]
 
@@ -28,6 +28,7 @@ class TunekitCallback(tune.Callback):
 
     @override
     def setup(self, **info: Any) -> None:
+        _env.check_all()  # a bad TUNEKIT_* value stops the run before it starts, in one line
         self._record_info = {k: info.get(k) for k in ("stop", "num_samples", "total_num_samples")}
 
     @override

@@ -126,7 +126,10 @@ class KeepCheckpoints(TunekitCallback):
                     posixpath.basename(ckpt.path.rstrip("/")), ckpt.path,
                     iteration if isinstance(iteration, int) else None, metrics))
                 where[ckpt.path] = (trial, ckpt)
-        chosen = selected(by_trial, self.policy)
+        # The selections count only complete checkpoints: one being written, or whose write died, never makes
+        # a whole one expendable (it is kept while newer than the newest whole one: ``_needed``).
+        chosen = selected({tid: [c for c in cs if self._complete(where[c.uri][1])] for tid, cs in by_trial.items()},
+                          self.policy)
         keep = {path for path, (trial, _) in where.items()
                 if (trial.trial_id, posixpath.basename(path.rstrip("/"))) in chosen}
         needed = self._needed(trials, by_trial, where, scheduler=None if over else self._scheduler)
@@ -243,4 +246,7 @@ def _complete(checkpoint: Any) -> bool:
                                                       posixpath.join(path, METADATA_FILE), path])
     if manifest.type == pafs.FileType.File:
         return True
-    return directory.type == pafs.FileType.Directory and metadata.type == pafs.FileType.NotFound
+    if directory.type != pafs.FileType.Directory or metadata.type != pafs.FileType.NotFound:
+        return False
+    # No tunekit file: another writer's checkpoint, unless it is empty (announced by a two-phase save, unwritten).
+    return bool(fs.get_file_info(pafs.FileSelector(path)))

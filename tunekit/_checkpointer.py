@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping
 
 from ray import tune
 
-from tunekit import _ray
+from tunekit import _env, _ray
 from tunekit._restoring import clone_in_worker, local_request, prepare_restore, remove_temps
 from tunekit._saving import (
     BackgroundSaves,
@@ -153,6 +153,7 @@ class TrialCheckpointer:
     """
 
     def __init__(self, trainable: tune.Trainable, *, background: bool = True) -> None:
+        _env.check_all()  # a bad TUNEKIT_* value fails the trial at its start, in one line, not hours later
         self.trainable = trainable
         self.background = background
         self.durability = Durability()
@@ -254,11 +255,11 @@ class TrialCheckpointer:
 
     # -- lifetime ----------------------------------------------------------------
     def reset(self) -> None:
-        """Before the worker takes a new trial: the previous trial's write completes; nothing else is kept."""
-        try:
-            self.wait()
-        except CheckpointError as exc:  # the previous trial's; it falls back to its kept checkpoint
-            logger.error("tunekit: %s", exc)
+        """Before the worker takes a new trial: nothing of the previous one is kept but its write in flight,
+        which goes on (:meth:`~tunekit._saving.BackgroundSaves.hand_over`; the new trial's first save or
+        restore waits for it)."""
+        if self.saves is not None:
+            self.saves.hand_over()
         self._last = None
         self.loaded()
 

@@ -20,7 +20,7 @@ from typing import Mapping
 
 from tunekit.errors import ConfigError
 
-__all__ = ["ENV_VARS", "EnvVar", "get_flag", "get_float"]
+__all__ = ["ENV_VARS", "EnvVar", "check_all", "get_flag", "get_float"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
 )}
 
 _OFF = ("0", "false", "no", "off")
+_ON = ("1", "true", "yes", "on")
+#: The yes/no variables (the others are numbers of seconds).
+_FLAGS = frozenset({"TUNEKIT_BACKGROUND_SAVES"})
 
 
 def _raw(name: str, environ: Mapping[str, str] | None) -> str:
@@ -69,3 +72,26 @@ def get_float(name: str, *, environ: Mapping[str, str] | None = None) -> float:
     if not value > 0:
         raise ConfigError(f"{name}={raw!r}: expected a positive number of seconds")
     return value
+
+
+def check_all(*, environ: Mapping[str, str] | None = None) -> None:
+    """Check every ``TUNEKIT_*`` variable that is set, before anything starts: a bad value is refused here,
+    in one line, not when it is first read (perhaps hours into a run, at the first PBT exploit).
+
+    >>> check_all(environ={"TUNEKIT_CHECKPOINT_WAIT_S": "soon"})
+    Traceback (most recent call last):
+    tunekit.errors.ConfigError: TUNEKIT_CHECKPOINT_WAIT_S='soon': expected a number of seconds
+
+    Raises:
+        ConfigError: a value that is not what its variable takes.
+    """
+    env = os.environ if environ is None else environ
+    for name in sorted(ENV_VARS):
+        if not env.get(name, "").strip():
+            continue
+        if name in _FLAGS:
+            raw = env[name].strip()
+            if raw.lower() not in _OFF + _ON:
+                raise ConfigError(f"{name}={raw!r}: expected 1/true/yes/on or 0/false/no/off")
+        else:
+            get_float(name, environ=env)

@@ -39,6 +39,8 @@ __all__ = [
     "MANIFEST_FILE",
     "MANIFEST_FORMAT",
     "METADATA_FILE",
+    "MISSING",
+    "NOT_WRITTEN",
     "STATE_FILE",
     "UnsupportedManifest",
     "WRITTEN_HASH",
@@ -240,12 +242,20 @@ def _storage_call(where: Storage, action: str, fn: Any, *args: Any) -> Any:
 _HASH_NAMES = {"sha256": "SHA-256", "xxh3_128": "XXH3-128"}
 
 
+#: What :func:`verify_directory` says of a directory that does not exist.
+MISSING = "directory is missing"
+#: What it says of an empty one: a checkpoint announced by a two-phase save whose write is in flight or died.
+NOT_WRITTEN = "directory is empty: announced, its write in flight or never completed"
+
+
 def verify_directory(fs: pafs.FileSystem, path: str, shown: str) -> CheckpointReport:
     info = fs.get_file_info(path)
     if info.type != pafs.FileType.Directory:
-        return CheckpointReport(shown, "incomplete", ["directory is missing"])
+        return CheckpointReport(shown, "incomplete", [MISSING])
     raw = _read_bytes(fs, posixpath.join(path, MANIFEST_FILE))
     if raw is None:
+        if not fs.get_file_info(pafs.FileSelector(path)):
+            return CheckpointReport(shown, "incomplete", [NOT_WRITTEN])
         return CheckpointReport(shown, "incomplete", [f"no {MANIFEST_FILE}"])
     try:
         files, algorithm = _parse_manifest(raw)

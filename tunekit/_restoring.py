@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+import re
 import shutil
 import tempfile
 from typing import Any
@@ -48,12 +49,16 @@ from tunekit._trial_dir import (
     CHECKPOINT_DIR,
     KEPT_COPY,
     await_write,
+    adopt_pin,
+    adopted_pin,
     checkpoint_name_of,
+    is_announced_only,
     is_pinned,
     remove_pin,
     staging_dirs,
     writer_alive,
 )
+from tunekit._manifest import MISSING, NOT_WRITTEN
 from tunekit.checkpoint import (
     MANIFEST_FILE,
     CheckpointReport,
@@ -93,7 +98,7 @@ def _fetch(checkpoint: tune.Checkpoint, temps: list[str]) -> tuple[tune.Checkpoi
         await_write(checkpoint.path)
         return checkpoint, verify_checkpoint(checkpoint)
     if checkpoint.filesystem.get_file_info(checkpoint.path).type == pafs.FileType.NotFound:
-        return checkpoint, CheckpointReport(checkpoint.path, "incomplete", ["directory is missing"])
+        return checkpoint, CheckpointReport(checkpoint.path, "incomplete", [MISSING])
     local = tempfile.mkdtemp(prefix="tunekit-restore-")
     temps.append(local)
     try:
@@ -120,7 +125,17 @@ def _other_checkpoints(checkpoint: tune.Checkpoint, *, newer_too: bool) -> list[
             newer_too or int(other[1]) < int(match[1])
         ):
             found.append((int(other[1]), not info.base_name.startswith("."), info.path))
-    return [tune.Checkpoint(path, filesystem=fs) for _, _, path in sorted(found, reverse=True)]
+    ordered = [path for _, _, path in sorted(found, reverse=True)]
+    adopted = adopted_pin(trial_dir) if isinstance(fs, pafs.LocalFileSystem) else None
+    if adopted is not None and os.path.isdir(adopted[0]):
+        # A PBT clone: the donor's state it restored from comes before its own checkpoints from before the
+        # exploit (falling back to those would undo the exploit); its own ones since come first.
+        pin, after = adopted
+        index = {path: int(m[1]) for path in ordered
+                 if (m := re.search(r"checkpoint_(\d+)", posixpath.basename(path)))}
+        ordered = [p for p in ordered if index.get(p, 0) > after] + [pin] + \
+                  [p for p in ordered if index.get(p, 0) <= after]
+    return [tune.Checkpoint(path, filesystem=fs) for path in ordered]
 
 
 def local_request(checkpoint: Any) -> TrainingResult | None:
@@ -164,7 +179,7 @@ def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[T
     temps: list[str] = []
     try:
         local, report = _fetch(requested.checkpoint, temps)
-        _release_pin(requested.checkpoint, temps)
+        _release_pin(requested.checkpoint, temps, trial_dir)
         if report.ok:
             return TrainingResult(checkpoint=local, metrics=requested.metrics), temps
         if report.problems == [f"no {MANIFEST_FILE}"] and is_foreign_checkpoint(local):
@@ -177,7 +192,9 @@ def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[T
         # A checkpoint deleted meanwhile (Ray keeps only ``num_to_keep``; a PBT
         # donor may have moved on) is replaced by the trial's newest good one;
         # a damaged one by the newest good one before it.
-        missing = report.problems == ["directory is missing"]
+        # Announced and never written (an empty directory) counts as missing: what it would have held is
+        # newer than anything the trial has, so any good checkpoint of the trial may stand in for it.
+        missing = report.problems in ([MISSING], [NOT_WRITTEN])
         instead = _fall_back(requested, report, temps, newer_too=missing)
         if instead is not None:
             return instead, temps
@@ -228,22 +245,33 @@ def _note_foreign(path: str) -> None:
 
 
 def _first_write_interrupted(checkpoint: tune.Checkpoint, trial_dir: str | None) -> bool:
-    """Whether ``checkpoint``, in ``trial_dir``, has a staging directory whose writer is dead."""
+    """Whether ``checkpoint``, in ``trial_dir``, was announced and its writer is dead: a staging directory
+    whose writer is gone, or the empty directory announced for it and no live writer."""
     if trial_dir is None or not isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
         return False
     parent, name = os.path.split(os.path.normpath(checkpoint.path))
     if os.path.normpath(parent) != os.path.normpath(trial_dir):
         return False  # another trial's (a PBT donor's): not this trial's start
     try:
-        return any(ckpt == name and not writer_alive(h, p) for ckpt, h, p in staging_dirs(parent))
+        writers = [writer_alive(h, p) for ckpt, h, p in staging_dirs(parent) if ckpt == name]
     except FileNotFoundError:
         return False
+    if any(writers):
+        return False
+    return bool(writers) or is_announced_only(checkpoint.path)
 
 
-def _release_pin(checkpoint: tune.Checkpoint, temps: list[str]) -> None:
-    """A pin is read by one clone: a local one goes with the temporary directories, a remote one now (downloaded)."""
-    if is_pinned(checkpoint.path) and isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
-        temps.append(checkpoint.path)
+def _release_pin(checkpoint: tune.Checkpoint, temps: list[str], trial_dir: str | None) -> None:
+    """A pin is read by one clone. A local one stays while the clone may be restored from it again
+    (:func:`tunekit._trial_dir.adopt_pin`; outside Tune it goes with the temporary directories); a remote
+    one goes now (downloaded)."""
+    if not is_pinned(checkpoint.path):
+        return
+    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        if trial_dir is not None and os.path.isdir(trial_dir):
+            adopt_pin(trial_dir, checkpoint.path)
+        else:
+            temps.append(checkpoint.path)
     else:
         remove_pin(checkpoint.filesystem, checkpoint.path)
 

@@ -23,8 +23,15 @@ by a test that SIGKILLs the worker inside the write):
   its writer dies, the retry finds the checkpoint Tune registered never
   completed (a dead writer's staging directory says so) and no other, and
   the trial starts afresh, as it would have without a checkpoint.
-* Nothing half-written is ever read: a checkpoint directory appears only by
-  a rename, after its manifest.
+* Nothing half-written is ever read: an announced checkpoint is an empty
+  directory (:func:`tunekit._trial_dir.announce`) until a rename puts the
+  whole checkpoint, manifest last, in its place.
+* An index is announced once: :func:`tunekit._trial_dir.claim_index` takes
+  one above every index the trial's directory ever held, so Ray never
+  registers one path twice and a save never replaces (or deletes) a
+  directory Ray registered.
+* A worker handed to another trial (actor reuse) does not wait for the
+  previous trial's write (:meth:`BackgroundSaves.hand_over`).
 
 Call order (followed by :class:`tunekit._checkpointer.TrialCheckpointer`, the
 one caller): :meth:`BackgroundSaves.wait` before anything that needs the
@@ -54,7 +61,15 @@ from ray import tune
 
 from tunekit import _env, _ray
 from tunekit._ray import TrainingResult
-from tunekit._trial_dir import CHECKPOINT_DIR, keep_newest_complete, link_tree, stage_checkpoint, tidy
+from tunekit._trial_dir import (
+    CHECKPOINT_DIR,
+    announce,
+    claim_index,
+    keep_newest_complete,
+    link_tree,
+    stage_checkpoint,
+    tidy,
+)
 from tunekit.checkpoint import confirm_upload, fsync_paths, write_checkpoint
 from tunekit.errors import CheckpointError, first_line
 from tunekit.state import StateBuffers
@@ -169,15 +184,36 @@ class BackgroundSaves:
         self.buffers = StateBuffers()
         self._future: Future | None = None
         self._target = ""
+        self._previous_trial = False
 
     def wait(self) -> None:
-        """Block until the write in flight (if any) is complete; raise its error."""
+        """Block until the write in flight (if any) is complete; raise its error (log it if it was the
+        previous trial's: see :meth:`hand_over`)."""
         future, self._future = self._future, None
         if future is None:
             return
         error = future.exception()
-        if error is not None:
-            raise CheckpointError(f"writing checkpoint {self._target} failed: {first_line(error)}") from error
+        previous, self._previous_trial = self._previous_trial, False
+        if error is None:
+            return
+        failure = CheckpointError(f"writing checkpoint {self._target} failed: {first_line(error)}")
+        if previous:  # not this trial's to fail for; that trial falls back to its kept checkpoint
+            logger.error("tunekit: %s", failure)
+            return
+        raise failure from error
+
+    def hand_over(self) -> None:
+        """The worker takes a new trial (actor reuse) while this write may still be in flight.
+
+        The write goes on (it reads only :attr:`buffers`, which the next save
+        reuses after :meth:`wait`); its failure is the previous trial's, so it
+        is logged, never raised to the new one. Not waiting here keeps Tune's
+        ``reset`` short: a worker killed inside ``reset`` reports its death
+        twice to Tune, which then errors the trial it was starting instead of
+        retrying it.
+        """
+        if self._future is not None:
+            self._previous_trial = True
 
     def submit(self, target: str, job: Callable[[], None]) -> None:
         self.wait()
@@ -219,7 +255,7 @@ def save_in_place(
         The result ``save()`` returns, or None when the trainable has no local
         storage (the caller then uses ``Trainable.save``).
     """
-    target = _ray.next_local_checkpoint(trainable)
+    target = _ray.next_local_checkpoint(trainable, claim_index)
     if target is None:
         return None
     final, metrics = target
@@ -229,6 +265,7 @@ def save_in_place(
     else:
         background.wait()  # one write in flight; its tidying done before anything is kept
         keep_newest_complete(final)  # nothing to keep before the trial's first: see the module docstring
+        announce(final)
         background.submit(final, lambda: commit_checkpoint(staging, final, write, durability))
     return _ray.publish_local_checkpoint(trainable, final, metrics)
 
@@ -261,8 +298,9 @@ def commit_checkpoint(staging: str, final: str, write: Callable[[str], None], du
     """Write into ``staging``, rename it to ``final``, fsync in the background, tidy the trial directory."""
     try:
         write(staging)
-        if os.path.lexists(final):  # Ray would overwrite it too (a re-saved index)
-            shutil.rmtree(final)
+        # ``final`` is absent, or the empty directory :func:`announce` made: the rename replaces it atomically.
+        # Its index was never used before (:func:`claim_index`), so nothing else can be there; were it, the
+        # rename fails (a directory not empty) and nothing of anyone's is deleted.
         os.rename(staging, final)
     except BaseException as exc:
         written = _local_bytes(staging) if _no_space(exc) else None

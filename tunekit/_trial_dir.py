@@ -18,6 +18,19 @@ directory's name, for Ray's and tunekit's:
     Ray's ``num_to_keep`` never deletes it.
 ``.checkpoint_NNNNNN.damaged``
     A damaged checkpoint's copy kept out of Ray's retention by ``tunekit resume``.
+``.tunekit-pin.json``
+    The PBT donor's pin this trial restored from (:func:`adopt_pin`), kept
+    until the trial has a complete checkpoint of its own after the exploit.
+``.tunekit-index``
+    The highest checkpoint index this trial ever announced (:func:`claim_index`):
+    an index is never announced twice, whatever Ray's own counter says after a
+    killed write.
+
+A checkpoint announced by a two-phase save exists from that moment on as an
+empty directory (:func:`announce`), which the commit replaces atomically (a
+rename onto an empty directory): an empty ``checkpoint_NNNNNN`` is a write in
+flight when a live writer's staging directory stands beside it, else a write
+that never completed.
 
 :func:`leftovers` lists the hidden ones for ``tunekit verify``. Nothing here
 imports Ray or torch.
@@ -28,6 +41,7 @@ Tested in ``tests/tunekit/test_two_phase.py`` (staging, kept copies, leftovers) 
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import re
@@ -51,9 +65,17 @@ __all__ = [
     "PARTIAL",
     "PINNED_COPY",
     "STAGING",
+    "INDEX_FILE",
+    "PIN_RECORD",
+    "adopt_pin",
+    "adopted_pin",
+    "announce",
     "await_write",
     "checkpoint_name_of",
+    "claim_index",
     "damaged_name",
+    "highest_index",
+    "is_announced_only",
     "is_pinned",
     "keep_newest_complete",
     "kept_name",
@@ -107,6 +129,104 @@ STAGING = re.compile(r"^\.(checkpoint_\d+)\.partial-(?:(?P<host>.+)-(?P<pid>\d+)
 KEPT_COPY = re.compile(r"^\.checkpoint_(\d+)\.kept$")
 #: A donor's checkpoint pinned for a PBT clone that has not read it yet (hard links or a copy).
 PINNED_COPY = re.compile(r"^\.(checkpoint_(\d+))\.pin-[0-9a-f]+$")
+
+
+#: The trial's highest checkpoint index announced so far (a decimal number).
+INDEX_FILE = ".tunekit-index"
+
+
+def claim_index(trial_dir: str, proposed: int) -> int:
+    """The index of the trial's next checkpoint: ``proposed`` (Ray's counter), or higher if it was used already.
+
+    Ray's counter lags after a killed write (the driver advances it only when
+    a checkpoint is registered, and not when registering it failed), so a new
+    worker can be handed an index a checkpoint was announced under before;
+    Ray would then register one path twice and delete it as the older of the
+    two. The answer is above every index any name in ``trial_dir`` carries
+    (checkpoints, staging, kept, pinned and damaged copies) and above the
+    highest ever claimed (:data:`INDEX_FILE`, which outlives the tidying of
+    interrupted writes), and is recorded there before it is used.
+    """
+    os.makedirs(trial_dir, exist_ok=True)
+    index = max(proposed, highest_index(trial_dir) + 1)
+    temporary = os.path.join(trial_dir, f"{INDEX_FILE}.{os.getpid()}")
+    with open(temporary, "w") as fh:
+        fh.write(str(index))
+    os.replace(temporary, os.path.join(trial_dir, INDEX_FILE))  # a killed process leaves the page cache whole
+    return index
+
+
+def highest_index(trial_dir: str) -> int:
+    """The highest checkpoint index the trial's directory ever held (-1 if none)."""
+    highest = -1
+    try:
+        with open(os.path.join(trial_dir, INDEX_FILE)) as fh:
+            highest = int(fh.read().strip() or -1)
+    except (OSError, ValueError):
+        pass
+    try:
+        with os.scandir(trial_dir) as entries:
+            for entry in entries:
+                name = checkpoint_name_of(entry.name) or ((m := STAGING.match(entry.name)) and m[1])
+                if name:
+                    highest = max(highest, int(name.rsplit("_", 1)[1]))
+    except FileNotFoundError:
+        pass
+    return highest
+
+
+#: The PBT donor's pin a trial restored from, until the trial has a complete checkpoint of its own after it.
+PIN_RECORD = ".tunekit-pin.json"
+
+
+def adopt_pin(trial_dir: str, pin: str) -> None:
+    """The trial in ``trial_dir`` restored from ``pin`` (a PBT clone): keep the pin while anything may restore
+    from it.
+
+    Ray names the pin as the trial's checkpoint until the trial's next one is
+    registered, and a worker killed before that next one is whole is
+    restored from the pin again, or falls back to it. :func:`tidy` removes the
+    pin once a checkpoint of the trial newer than the exploit is complete; a
+    pin adopted before it (two exploits before a save) goes at once.
+    """
+    previous = adopted_pin(trial_dir)
+    record = {"pin": pin, "after": highest_index(trial_dir)}
+    temporary = os.path.join(trial_dir, f"{PIN_RECORD}.{os.getpid()}")
+    with open(temporary, "w") as fh:
+        json.dump(record, fh)
+    os.replace(temporary, os.path.join(trial_dir, PIN_RECORD))
+    if previous is not None and previous[0] != pin:
+        shutil.rmtree(previous[0], ignore_errors=True)
+
+
+def adopted_pin(trial_dir: str) -> tuple[str, int] | None:
+    """``(pin path, the trial's highest checkpoint index when it restored from it)``, or None."""
+    try:
+        with open(os.path.join(trial_dir, PIN_RECORD)) as fh:
+            record = json.load(fh)
+        return str(record["pin"]), int(record["after"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def announce(final: str) -> None:
+    """Create ``final`` empty, before it is announced to Tune: an announced checkpoint always exists.
+
+    The commit renames the written checkpoint onto it (atomic: a rename onto
+    an empty directory); until then readers find it empty, a write in flight
+    or one that never completed. Ray's ``num_to_keep`` may delete it like any
+    registered checkpoint.
+    """
+    os.makedirs(final, exist_ok=True)
+
+
+def is_announced_only(path: str) -> bool:
+    """Whether local ``path`` is an announced checkpoint whose write has not completed (an empty directory)."""
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
 
 
 def writer_id() -> str:
@@ -220,7 +340,12 @@ def keep_newest_complete(final: str) -> None:
 
 
 def tidy(parent: str, completed: int) -> None:
-    """After checkpoint ``completed`` is whole: drop kept copies before it and dead writers' leftovers."""
+    """After checkpoint ``completed`` is whole: drop kept copies before it, dead writers' leftovers, and the
+    PBT pin the trial restored from if ``completed`` is newer (:func:`adopt_pin`)."""
+    adopted = adopted_pin(parent)
+    if adopted is not None and completed > adopted[1]:
+        shutil.rmtree(adopted[0], ignore_errors=True)
+        os.remove(os.path.join(parent, PIN_RECORD))
     with os.scandir(parent) as entries:
         names = [(e.name, e.path) for e in entries if e.name.startswith(".checkpoint_")]
     for name, path in names:
@@ -346,10 +471,11 @@ def pin_checkpoint(fs: pafs.FileSystem, path: str, iteration: int | None = None)
 def _same_state(fs: pafs.FileSystem, parent: str, name: str, iteration: int | None) -> list[str]:
     """``parent/name`` if it is there, else its kept copy, else the trial's checkpoints of ``iteration``."""
     path = posixpath.join(parent, name)
-    if fs.get_file_info(path).type == pafs.FileType.Directory:
+    # Whole only with its manifest: an announced checkpoint whose write died is an empty directory.
+    if fs.get_file_info(posixpath.join(path, MANIFEST_FILE)).type == pafs.FileType.File:
         return [path]
     kept = posixpath.join(parent, kept_name(name))
-    if fs.get_file_info(kept).type == pafs.FileType.Directory:
+    if fs.get_file_info(posixpath.join(kept, MANIFEST_FILE)).type == pafs.FileType.File:
         return [kept]
     if iteration is None:
         return []

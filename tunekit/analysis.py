@@ -72,7 +72,8 @@ def load_results(
             that nothing is read twice; its structure is read here when not given.
 
     The damage found while reading (a state file or result lines that could
-    not be read, checkpoints that failed verification) is in
+    not be read; checkpoints that failed verification in a ``snapshot`` a
+    reader verified: checkpoints are not hashed here, ``tunekit verify`` does) is in
     ``df.attrs["problems"]``, and each trial's rows Ray lost (gaps that no PBT
     exploit or warm start explains) in ``df.attrs["missing_iterations"]``;
     both also come as a warning.

@@ -172,6 +172,12 @@ def check_resume(trainable: Any, config: Mapping[str, Any] | None = None, *, ite
                           "iterations, so that the run is interrupted)")
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"--device {device!r}: expected 'cpu' or 'cuda'")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():  # the legs would run on the CPU and PASS for the wrong device
+            raise ConfigError("--device cuda: no CUDA GPU is visible here (torch.cuda.is_available() is False); "
+                              f"use --device cpu, or run where a GPU is (torch {torch.__version__})")
     as_trainable_class(import_trainable(spec), spec)  # bad input is said here, before any process starts
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tunekit-check-") as work:

@@ -379,5 +379,28 @@ def load_model(
     key = name if name is not None else next(iter(models))
     if key not in models:
         raise CheckpointError(f"checkpoint {shown} has no model {key!r}; it has {sorted(models)}")
-    model.load_state_dict(models[key])
+    try:
+        model.load_state_dict(models[key])
+    except RuntimeError as exc:  # torch's missing/unexpected keys and size mismatches, many lines
+        raise CheckpointError(_misfit_line(shown, key, models[key], model)) from exc
     return model.eval()
+
+
+def _misfit_line(shown: str, key: str, saved: dict[str, Any], model: torch.nn.Module) -> str:
+    """One line: which checkpoint, what its model holds, and how ``model`` differs."""
+    wanted = model.state_dict()
+    missing = [k for k in wanted if k not in saved]
+    unexpected = [k for k in saved if k not in wanted]
+    shapes = [f"{k} {tuple(saved[k].shape)} vs {tuple(wanted[k].shape)}" for k in wanted
+              if k in saved and hasattr(saved[k], "shape") and tuple(saved[k].shape) != tuple(wanted[k].shape)]
+
+    def some(names: list[str]) -> str:
+        return ", ".join(names[:4]) + (f" (+{len(names) - 4} more)" if len(names) > 4 else "")
+
+    held = ", ".join(f"{k} {tuple(v.shape)}" for k, v in list(saved.items())[:4] if hasattr(v, "shape"))
+    parts = ([f"missing in the checkpoint: {some(missing)}"] if missing else []) + \
+            ([f"not in {type(model).__name__}: {some(unexpected)}"] if unexpected else []) + \
+            ([f"shapes differ (checkpoint vs model): {some(shapes)}"] if shapes else [])
+    return (f"checkpoint {shown}: model {key!r} does not fit the {type(model).__name__} given "
+            f"({'; '.join(parts) or 'load_state_dict refused it'}); the checkpoint holds {len(saved)} tensors: "
+            f"{held}{', ...' if len(saved) > 4 else ''}")

@@ -189,6 +189,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if snapshot.damaged:
         print(f"tunekit status: {snapshot.location}: damaged: {'; '.join(snapshot.problems)}", file=sys.stderr)
         return 2
+    errored = [t.trial_id for t in snapshot.trials if t.status == "ERROR"]
+    if errored:
+        print(f"tunekit status: {snapshot.location}: {len(errored)} trial(s) in ERROR: {', '.join(errored)} "
+              f"(`tunekit resume {snapshot.location} --resume-errored` retries them)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -382,6 +387,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        from tunekit import _env
+
+        _env.check_all()
         return int(args.func(args))
     except _UsageError as exc:
         print(str(exc), file=sys.stderr)

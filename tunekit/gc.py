@@ -1,7 +1,9 @@
 """``tunekit gc``: delete the checkpoints an experiment no longer needs, after a preview.
 
 The checkpoints kept are the union of three selections (:mod:`tunekit.retention`,
-shared with :class:`tunekit.callbacks.KeepCheckpoints`). Whatever the
+shared with :class:`tunekit.callbacks.KeepCheckpoints`). The
+selections count only checkpoints that verify; one that does not is shown as
+damage, left in place, and never makes a good one expendable. Whatever the
 selections, the newest checkpoint that verifies of every unfinished trial is kept: what
 ``tunekit resume`` continues from. ``leftovers=True`` also deletes what
 interrupted writes left (staging directories whose writer is gone), copies kept
@@ -56,6 +58,8 @@ class GcPlan:
     deletions: list[Deletion] = field(default_factory=list)
     kept: dict[str, list[str]] = field(default_factory=dict)
     kept_bytes: int = 0
+    #: Checkpoints that do not verify, one line each: left in place, never counted by a selection.
+    damaged: list[str] = field(default_factory=list)
 
     @property
     def bytes(self) -> int:
@@ -71,8 +75,11 @@ class GcPlan:
             if gone:
                 line += f": {', '.join(d.name for d in gone)}"
             out.append(line + f"; keep {len(kept)}: {', '.join(kept) or '-'}")
+        out += [f"damaged, left in place and not counted: {line}" for line in self.damaged]
         out.append(f"{len(self.deletions)} directories, {format_bytes(self.bytes)}, to delete; "
-                   f"{sum(len(k) for k in self.kept.values())} checkpoints ({format_bytes(self.kept_bytes)}) kept")
+                   f"{sum(len(k) for k in self.kept.values())} checkpoints ({format_bytes(self.kept_bytes)}) kept"
+                   + (f", {len(self.damaged)} damaged left in place (`tunekit verify` says more)"
+                      if self.damaged else ""))
         return out
 
 
@@ -107,7 +114,8 @@ def plan_gc(
     snapshot = read_experiment(experiment)
     if policy.metric and (policy.experiment_best or policy.trial_best):
         snapshot.check_metric("--metric", policy.metric)
-    keep = _kept(snapshot, policy) if policy.selects else None
+    damaged = _damaged(snapshot) if policy.selects else {}
+    keep = _kept(snapshot, policy, damaged) if policy.selects else None
     plan = GcPlan(experiment.uri)
     fs = experiment.filesystem
     sizes = checkpoint_bytes(experiment)
@@ -116,7 +124,10 @@ def plan_gc(
         kept = []
         for ckpt in trial.checkpoints:
             size = sizes.get(f"{trial.name}/{ckpt.name}", 0)
-            if keep is None or (trial.name, ckpt.name) in keep:
+            if ckpt.uri in damaged:  # never counted, never deleted: shown, for the user to look at
+                plan.damaged.append(f"{trial.name}/{ckpt.name}: {damaged[ckpt.uri]}")
+                plan.kept_bytes += size
+            elif keep is None or (trial.name, ckpt.name) in keep:
                 kept.append(ckpt.name)
                 plan.kept_bytes += size
             else:
@@ -130,14 +141,31 @@ def plan_gc(
     return plan
 
 
-def _kept(snapshot: ExperimentSnapshot, policy: Policy) -> set[tuple[str, str]]:
-    """(trial directory, checkpoint) pairs the selections keep, with what resume needs."""
-    keep = selected({t.name: t.checkpoints for t in snapshot.trials}, policy)
+def _damaged(snapshot: ExperimentSnapshot) -> dict[str, str]:
+    """Checkpoint URI -> why it does not verify, for every checkpoint that does not (each verified once)."""
+    out = {}
+    for trial in snapshot.trials:
+        for ckpt in trial.checkpoints:
+            ok, why = snapshot.verdict(ckpt)
+            if not ok:
+                out[ckpt.uri] = why
+    return out
+
+
+def _kept(snapshot: ExperimentSnapshot, policy: Policy, damaged: dict[str, str]) -> set[tuple[str, str]]:
+    """(trial directory, checkpoint) pairs the selections keep, with what resume needs.
+
+    The selections count only checkpoints that verify: a damaged newest one
+    never makes the good one before it expendable (``--trial-latest 1`` keeps
+    the newest that verifies).
+    """
+    good = {t.name: [c for c in t.checkpoints if c.uri not in damaged] for t in snapshot.trials}
+    keep = selected(good, policy)
     for trial in snapshot.trials:
         if trial.status != "TERMINATED":  # resume continues it from its newest checkpoint that verifies
-            good = next((c for c in newest_first(trial.checkpoints) if snapshot.verdict(c)[0]), None)
-            if good is not None:
-                keep.add((trial.name, good.name))
+            newest = next(iter(newest_first(good[trial.name])), None)
+            if newest is not None:
+                keep.add((trial.name, newest.name))
     return keep
 
 

@@ -37,7 +37,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
 from typing_extensions import override
 
-from tunekit import record
+from tunekit import _env, record
 from tunekit._checks import integer_at_least
 from tunekit._ray import PBTWithDonorChoice
 from tunekit.errors import ConfigError
@@ -253,6 +253,7 @@ def pbt_setup(
         ConfigError: an inconsistent or invalid setting, naming it.
     """
     call = "pbt_setup"
+    _env.check_all()  # TUNEKIT_CHECKPOINT_WAIT_S is first read at an exploit: refuse a bad value now
     if mode not in ("max", "min"):
         raise ConfigError(f"{call}(mode={mode!r}): expected 'max' or 'min'")
     if not isinstance(metric, str) or not metric:

@@ -9,7 +9,9 @@ what a resume needs besides the checkpoints:
 * the trainable's import path (``module:qualname``), the stop criteria, the
   checkpoint config, ``num_samples``, metric and mode where known, and
   tunekit's callbacks with their settings;
-* every trial: its id, directory, status, config, last iteration and stop criteria.
+* every trial: its id, directory, status, config, last iteration, stop
+  criteria and the checkpoint Ray registered as its newest (what it would
+  restore; ``tunekit verify`` checks it is on storage).
 
 It is written by the driver, at most once a second while something changed
 and once at the end, atomically: locally to a temporary name, fsync, then a
@@ -128,6 +130,17 @@ def _checkpoint_config(trial: Any) -> dict[str, Any] | None:
     return json_safe(dataclasses.asdict(config))
 
 
+def _registered_checkpoint(trial: Any) -> str | None:
+    """The checkpoint Ray would restore the trial from (``Result.checkpoint``), relative to the experiment
+    directory (a PBT donor's pin lies in the donor's directory); None before its first."""
+    checkpoint = trial.checkpoint
+    if checkpoint is None:
+        return None
+    experiment = posixpath.dirname(trial.path.rstrip("/"))
+    path = checkpoint.path.rstrip("/")
+    return posixpath.relpath(path, experiment) if path.startswith(experiment + "/") else None
+
+
 class ExperimentRecorder:
     """Keeps one run's record up to date; one per run, shared by the tunekit callbacks of that run."""
 
@@ -190,6 +203,7 @@ class ExperimentRecorder:
             "config": json_safe(trial.config),
             "iteration": json_safe(last.get("training_iteration")),
             "stop": json_safe(getattr(trial, "stopping_criterion", None)),
+            "checkpoint": _registered_checkpoint(trial),
         }
 
     def flush(self, *, force: bool = False) -> None:

@@ -11,10 +11,13 @@ Example:
 from __future__ import annotations
 
 import posixpath
+
+import pyarrow.fs as pafs
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-from tunekit._trial_dir import leftovers
+from tunekit._manifest import NOT_WRITTEN
+from tunekit._trial_dir import STAGING, leftovers
 from tunekit.checkpoint import (
     CheckpointReport,
     is_tunekit_checkpoint,
@@ -25,7 +28,8 @@ from tunekit.errors import CheckpointError
 from tunekit.experiment_dir import find_trials
 from tunekit.storage import Storage, resolve_storage
 
-__all__ = ["CheckpointCheck", "ExperimentCheck", "experiment_file_problems", "verify_experiment"]
+__all__ = ["CheckpointCheck", "ExperimentCheck", "experiment_file_problems", "result_file_problems",
+           "verify_experiment"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,13 @@ class ExperimentCheck:
         return "\n".join(lines + [f"damaged: {p}" for p in self.problems])
 
 
+def _being_written(trial: Any, name: str) -> bool:
+    """Whether a live process is writing checkpoint ``name`` of ``trial`` (its staging directory says so)."""
+    where = trial.location
+    return any(kind == "writing" and STAGING.match(hidden)[1] == name  # type: ignore[index]
+               for hidden, kind in leftovers(where.filesystem, where.path))
+
+
 def _iteration(location: Storage) -> int | None:
     try:
         value = read_metadata(location).get("iteration")
@@ -122,8 +133,13 @@ def verify_experiment(
     found = [(trial, ckpt, is_tunekit_checkpoint(ckpt.location)) for trial in trials for ckpt in trial.checkpoints]
     any_tunekit = any(is_ours for _, _, is_ours in found)
     for trial, ckpt, is_ours in found:
-        if is_ours or any_tunekit:
-            report: CheckpointReport = verify_checkpoint(ckpt.location)
+        report: CheckpointReport = verify_checkpoint(ckpt.location)
+        if report.problems == [NOT_WRITTEN]:  # announced by a two-phase save: in flight, or its writer died
+            check = CheckpointCheck(trial.name, ckpt.name, None, "unverified", ("being written by a live process",)) \
+                if _being_written(trial, ckpt.name) else CheckpointCheck(
+                    trial.name, ckpt.name, None, "incomplete",
+                    (NOT_WRITTEN, "its writer is gone: the trial restores from its newest good checkpoint"))
+        elif is_ours or any_tunekit:
             check = CheckpointCheck(
                 trial.name,
                 ckpt.name,
@@ -141,8 +157,52 @@ def verify_experiment(
             result.checks.append(check)
             if on_check is not None:
                 on_check(check)
+    for check in _registered_checks(experiment, trials):
+        result.checks.append(check)
+        if on_check is not None:
+            on_check(check)
     result.problems.extend(experiment_file_problems(experiment))
+    result.problems.extend(result_file_problems(experiment, trials))
     return result
+
+
+def result_file_problems(experiment: Storage, trials: list[Any]) -> list[str]:
+    """Damaged lines in the trials' ``result.json`` files, one line per file (what ``status`` calls damage)."""
+    from tunekit.results import parse_result_lines, read_text
+
+    out = []
+    for trial in trials:
+        text = read_text(experiment.filesystem, posixpath.join(trial.location.path, "result.json")) or ""
+        _, bad = parse_result_lines(text)
+        if bad:
+            out.append(f"{trial.name}/result.json: {bad} damaged line(s)")
+    return out
+
+
+def _registered_checks(experiment: Storage, trials: list[Any]) -> list[CheckpointCheck]:
+    """The checkpoint Ray registered as each trial's newest (tunekit's record names it) must be on storage.
+
+    Checked once the run is over (its driver gone): while it runs, the record
+    may lag the checkpoints by a second. A registered checkpoint that is a
+    trial's own or a pin is verified above already; here only its absence.
+    """
+    from tunekit.record import driver_running, read_record
+
+    record, _ = read_record(experiment.filesystem, experiment.path)
+    if record is None or driver_running(record):
+        return []
+    names = {t.name for t in trials}
+    out = []
+    for entry in record.get("trials") or []:
+        registered = entry.get("checkpoint") if isinstance(entry, dict) else None
+        if not isinstance(registered, str) or entry.get("dir") not in names:
+            continue
+        path = posixpath.join(experiment.path, registered)
+        if experiment.filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+            out.append(CheckpointCheck(entry["dir"], registered, None, "incomplete", (
+                "registered by Ray as the trial's newest checkpoint (its Result.checkpoint, what a resume "
+                "restores) but missing on storage",)))
+    return out
 
 
 def experiment_file_problems(experiment: Storage) -> list[str]:

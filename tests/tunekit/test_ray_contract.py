@@ -107,8 +107,11 @@ def test_storage_and_trainable_internals_behave_as_relied_on(ray_session, tmp_pa
 
     storage = _ray.storage_context(str(tmp_path), "exp", "trial", validate=True)
     for name in ("_update_checkpoint_index", "_check_validation_file", "persist_artifacts", "storage_filesystem",
-                 "checkpoint_fs_path", "sync_config", "trial_fs_path"):
+                 "checkpoint_fs_path", "sync_config", "trial_fs_path", "current_checkpoint_index"):
         assert hasattr(storage, name), f"Ray changed: StorageContext.{name} is gone"
+    storage.current_checkpoint_index = 6  # tunekit raises it past an index used before; the path follows
+    assert storage.checkpoint_fs_path.endswith("checkpoint_000006")
+    storage.current_checkpoint_index = -1
     trainable = DigitsTrainable(config={"hidden_size": 8, "steps_per_iteration": 2}, storage=storage)
     try:
         for name in ("_last_result", "_storage", "_iteration", "_time_total", "_time_since_restore",

@@ -36,7 +36,7 @@ WRITER = textwrap.dedent(
     import torch
     import tunekit.checkpoint as checkpoint
     from tunekit._saving import Durability, commit_checkpoint
-    from tunekit._trial_dir import keep_newest_complete, stage_checkpoint
+    from tunekit._trial_dir import announce, keep_newest_complete, stage_checkpoint
 
     final, hold_at, go = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -48,6 +48,7 @@ WRITER = textwrap.dedent(
 
     staging = stage_checkpoint(final)
     keep_newest_complete(final)
+    announce(final)  # as save_in_place does before Tune registers it
     checkpoint._on_write_phase = hold
     state = {"w": torch.arange(1000, dtype=torch.float32)}
     commit_checkpoint(staging, final, lambda d: checkpoint.write_checkpoint(d, state, metadata={"iteration": 4},
@@ -81,7 +82,8 @@ def test_restore_waits_for_a_checkpoint_still_being_written(trial_dir):
     writer, go = _start_writer(trial_dir, "manifest")  # every file written, manifest not yet
     final = trial_dir / "checkpoint_000001"
     try:
-        assert not final.exists() and any(name.startswith(".checkpoint_000001.partial-") for name in os.listdir(trial_dir))
+        assert os.listdir(final) == [] and any(name.startswith(".checkpoint_000001.partial-")
+                                               for name in os.listdir(trial_dir))  # announced, being written
         with pytest.raises(CheckpointError, match=r"checkpoint .*checkpoint_000001 is still being written \(by process"):
             await_write(str(final), timeout=0.2)
         threading.Timer(0.5, go.touch).start()
@@ -103,7 +105,7 @@ def test_a_pbt_pin_of_a_checkpoint_still_being_written_waits_for_it(trial_dir):
     writer, go = _start_writer(trial_dir, "manifest")
     final = trial_dir / "checkpoint_000001"
     try:
-        assert not final.exists()
+        assert os.listdir(final) == []  # announced, not written yet
         threading.Timer(0.5, go.touch).start()
         pin = pin_checkpoint(pafs.LocalFileSystem(), str(final), 4)
     finally:
@@ -131,6 +133,7 @@ def test_a_writer_killed_mid_write_leaves_a_complete_checkpoint_to_restore(trial
     out = capsys.readouterr().out
     assert ".checkpoint_000000.kept  iter     2  good" in out
     assert "incomplete: an interrupted checkpoint write" in out
+    assert "checkpoint_000001  iter     -  incomplete: directory is empty: announced" in out
     # Restoring what Tune registered last (the interrupted one) does not wait for a dead writer
     # (with next to no time to wait, a live one would fail the restore with "still being written"):
     # it falls back at once to the newest complete checkpoint, the kept copy.

@@ -25,7 +25,7 @@ Private names, by owner:
 * ``ray.train._internal.storage.StorageContext`` (``trainable._storage``,
   ``trial.storage``; built by :func:`storage_context` for tests and benchmarks,
   and by :func:`offline_storage`, which overrides ``_get_session_path``, for ``tunekit check``):
-  ``_update_checkpoint_index``, ``_check_validation_file``,
+  ``_update_checkpoint_index``, ``current_checkpoint_index``, ``_check_validation_file``,
   ``_create_validation_file``, ``checkpoint_fs_path``, ``persist_artifacts``,
   ``sync_config``, ``storage_filesystem``.
 * ``PopulationBasedTraining``: the hooks ``_checkpoint_or_exploit`` and
@@ -52,7 +52,7 @@ filters. Everything is re-exported here: tunekit calls ``_ray.<name>``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ray import tune
 from ray.train._internal.checkpoint_manager import _TrainingResult
@@ -171,10 +171,14 @@ def local_trial_dir(trainable: tune.Trainable) -> str | None:
     return trainable_storage(trainable).trial_fs_path if has_local_storage(trainable) else None
 
 
-def next_local_checkpoint(trainable: tune.Trainable) -> tuple[str, dict[str, Any]] | None:
+def next_local_checkpoint(
+    trainable: tune.Trainable, choose_index: Callable[[str, int], int] | None = None
+) -> tuple[str, dict[str, Any]] | None:
     """The next checkpoint's final directory when the trial's storage is local.
 
-    Advances the trial's checkpoint index exactly as ``Trainable.save`` does.
+    Advances the trial's checkpoint index exactly as ``Trainable.save`` does;
+    ``choose_index(trial_dir, index)`` may then raise it (to an index never
+    used in the trial's directory), and Ray's counter follows.
     Returns ``(directory, metrics)``, or None when the trial has no storage or
     the storage is not the local filesystem.
     """
@@ -183,6 +187,8 @@ def next_local_checkpoint(trainable: tune.Trainable) -> tuple[str, dict[str, Any
     storage = trainable_storage(trainable)
     metrics = last_result(trainable)
     storage._update_checkpoint_index(metrics)
+    if choose_index is not None:
+        storage.current_checkpoint_index = choose_index(storage.trial_fs_path, storage.current_checkpoint_index)
     storage._check_validation_file()
     return storage.checkpoint_fs_path, metrics
 

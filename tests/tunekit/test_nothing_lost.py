@@ -1,0 +1,230 @@
+"""Nothing lost when a worker dies inside a checkpoint write: the three ways a trial lost its checkpoints
+under real kills (issue 36), each closed, proven with real processes and real SIGKILLs.
+
+1. Ray's checkpoint index lags after a killed write: a new worker was handed an index a checkpoint had been
+   announced under, Ray registered one path twice and deleted it, and the save that had replaced it failed.
+   Now an announced checkpoint exists from the moment it is announced (an empty directory the commit
+   renames onto), and an index is never announced twice (``claim_index``).
+2. With actor reuse, a worker handed to a new trial waited in ``reset`` for the previous trial's write; a kill
+   there reached Tune twice and errored the new trial. ``reset`` no longer waits.
+3. A PBT clone's pin was removed once read, while Ray still named it as the clone's checkpoint. It now lives
+   until the clone has a complete checkpoint of its own, and a fallback goes to it, not to the clone's
+   checkpoints from before the exploit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import torch
+
+from tunekit import read_state, verify_checkpoint, write_checkpoint
+from tunekit._restoring import prepare_restore, remove_temps
+from tunekit._trial_dir import (
+    INDEX_FILE,
+    PIN_RECORD,
+    announce,
+    claim_index,
+    pin_checkpoint,
+    tidy,
+    writer_id,
+)
+
+
+def test_an_index_is_never_announced_twice(tmp_path):
+    trial = tmp_path / "trial"
+    (trial / "checkpoint_000003").mkdir(parents=True)
+    (trial / ".checkpoint_000005.partial-host-1-abc").mkdir()  # an interrupted write of index 5
+    assert claim_index(str(trial), 2) == 6  # Ray's lagging counter says 2
+    shutil.rmtree(trial / ".checkpoint_000005.partial-host-1-abc")  # tidied away after the next commit
+    shutil.rmtree(trial / "checkpoint_000003")  # deleted by num_to_keep
+    assert claim_index(str(trial), 4) == 7  # the record of what was claimed outlives both
+    assert claim_index(str(trial), 10) == 10  # Ray's counter ahead: it is followed
+    assert (trial / INDEX_FILE).read_text() == "10"
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _interrupted(final: Path) -> None:
+    """What a two-phase save leaves when its worker is SIGKILLed inside the write: the announced empty
+    directory and the staging directory of a writer that is gone."""
+    announce(str(final))
+    host = writer_id().rsplit("-", 1)[0]
+    (final.parent / f".{final.name}.partial-{host}-{_dead_pid()}-x1").mkdir()
+
+
+TRAINER = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import tunekit.checkpoint as checkpoint
+    from tunekit import _ray
+    from tunekit._saving import drain_writes
+    from tunekit.trainables import DigitsTrainable
+
+    root, index, restore, go = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    storage = _ray.offline_storage(root, "trial")  # no Ray needed in this process
+    storage.current_checkpoint_index = index  # what the driver hands a new worker
+    trainable = DigitsTrainable(config={"hidden_size": 8, "steps_per_iteration": 2}, storage=storage)
+    if restore:
+        trainable.restore(restore)
+    trainable.train()
+    saved = trainable.save()
+    drain_writes()
+    print(json.dumps({"first": saved.checkpoint.path, "iteration": trainable.iteration}), flush=True)
+    if go:
+        def hold(phase):  # inside the next write, every file but the manifest written: stop here
+            if phase == "manifest":
+                open(go, "w").close()
+                time.sleep(3600)
+        checkpoint._on_write_phase = hold
+        trainable.train()
+        print(json.dumps({"announced": trainable.save().checkpoint.path}), flush=True)
+        time.sleep(3600)
+    """
+)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 600  # only keeps a broken run from hanging; nothing asserts on time
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the worker never reached the write"
+        time.sleep(0.02)
+
+
+def test_a_worker_killed_inside_a_write_then_handed_a_lagging_index_never_reuses_it(tmp_path):
+    """Mechanism 1, with a real worker process SIGKILLed inside its two-phase write."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    go = tmp_path / "held"
+    worker = subprocess.Popen([sys.executable, "-c", TRAINER, str(tmp_path), "-1", "", str(go)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        _wait_for(go, worker)
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        out, _ = worker.communicate(timeout=60)
+    first = json.loads(out.splitlines()[0])["first"]
+    trial = Path(first).parent
+    announced = trial / "checkpoint_000001"
+    assert announced.is_dir() and os.listdir(announced) == []  # announced: it exists, empty, never completed
+
+    # The next worker is handed Ray's counter as if the registration of checkpoint_000001 had been lost
+    # (index 0: its next save would be checkpoint_000001 again), and restores what Ray registered last.
+    again = subprocess.run([sys.executable, "-c", TRAINER, str(tmp_path), "0", str(announced), ""],
+                           capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    result = json.loads(again.stdout.splitlines()[-1])
+    assert result["iteration"] == 2  # went on from iteration 1 (the newest complete checkpoint), not afresh
+    assert Path(result["first"]).name == "checkpoint_000002"  # never the announced checkpoint_000001 again
+    assert verify_checkpoint(result["first"]).ok and verify_checkpoint(first).ok
+    assert read_state(result["first"])["counters"]["iteration"] == 2
+
+
+def test_a_worker_handed_to_a_new_trial_does_not_wait_for_the_previous_trials_write(tmp_path, caplog):
+    """Mechanism 2: ``reset`` (actor reuse) returns while the previous trial's write is still in flight;
+    that write completes afterwards, and its failure is logged for that trial, never raised to the new one."""
+    import tunekit.checkpoint as checkpoint
+    from tunekit import _ray
+    from tunekit._saving import drain_writes
+    from tunekit.trainables import DigitsTrainable
+
+    config = {"hidden_size": 8, "steps_per_iteration": 2}
+    release, failing = threading.Event(), threading.Event()
+
+    def hold(phase: str) -> None:
+        if phase == "manifest":
+            release.wait(600)
+            if failing.is_set():
+                raise OSError("the disk went away")
+
+    storage = _ray.offline_storage(str(tmp_path), "a")
+    trainable = DigitsTrainable(config=config, storage=storage)
+    checkpoint._on_write_phase = hold
+    try:
+        trainable.train()
+        saved = trainable.save()  # announced; its write is held inside
+        assert trainable.reset({**config, "lr": 0.2}, storage=_ray.offline_storage(str(tmp_path), "b"))
+        assert not release.is_set(), "reset waited for the previous trial's write"
+        release.set()
+        drain_writes()
+        assert verify_checkpoint(saved.checkpoint.path).ok  # the previous trial's checkpoint completed
+
+        release.clear()
+        failing.set()
+        trainable.train()
+        doomed = trainable.save()
+        assert trainable.reset({**config, "lr": 0.3}, storage=_ray.offline_storage(str(tmp_path), "c"))
+        release.set()
+        drain_writes()
+        failing.clear()
+        trainable.train()
+        later = trainable.save()  # the new trial's save: the old write's failure is not raised here
+        drain_writes()
+        assert verify_checkpoint(later.checkpoint.path).ok
+        assert not verify_checkpoint(doomed.checkpoint.path).ok
+        assert "the disk went away" in caplog.text
+    finally:
+        checkpoint._on_write_phase = None
+        release.set()
+        trainable.stop()
+
+
+def test_a_pbt_clone_killed_before_its_next_checkpoint_completes_goes_on_from_the_donors_state(tmp_path):
+    """Mechanism 3: the pin the clone restored from stays until the clone has a complete checkpoint of its
+    own; a kill before that restores from the pin, never from the clone's checkpoints before the exploit."""
+    fs = pafs.LocalFileSystem()
+    donor, clone = tmp_path / "exp" / "donor", tmp_path / "exp" / "clone"
+    write_checkpoint(donor / "checkpoint_000004", {"w": torch.ones(8)}, metadata={"iteration": 4})
+    write_checkpoint(clone / "checkpoint_000001", {"w": torch.zeros(8)}, metadata={"iteration": 2})
+    pin = pin_checkpoint(fs, str(donor / "checkpoint_000004"), 4)
+    assert pin is not None
+
+    result, temps = prepare_restore(pin, trial_dir=str(clone))  # the exploit: the clone reads the pin
+    assert torch.equal(read_state(result.checkpoint.path)["w"], torch.ones(8))
+    remove_temps(temps)  # the state is loaded
+    assert os.path.isdir(pin), "the pin went while Ray still names it as the clone's checkpoint"
+    shutil.rmtree(donor / "checkpoint_000004")  # the donor's num_to_keep moves on; the pin holds the state
+
+    # The clone's next save is announced, then its worker is killed inside the write.
+    index = claim_index(str(clone), 2)
+    _interrupted(clone / f"checkpoint_{index:06d}")
+    # Restoring Ray's newest registered checkpoint for the clone: the donor's state, not the clone's own
+    # checkpoint from before the exploit.
+    result, temps = prepare_restore(str(clone / f"checkpoint_{index:06d}"), trial_dir=str(clone))
+    assert torch.equal(read_state(result.checkpoint.path)["w"], torch.ones(8))
+    assert result.metrics["training_iteration"] == 4
+    remove_temps(temps)
+
+    # Once a checkpoint of the clone newer than the exploit is complete, the pin goes.
+    newer = clone / f"checkpoint_{claim_index(str(clone), 0):06d}"
+    write_checkpoint(newer, {"w": torch.ones(8) * 2}, metadata={"iteration": 5})
+    tidy(str(clone), int(newer.name.split("_")[1]))
+    assert not os.path.exists(pin) and not (clone / PIN_RECORD).exists()
+
+
+def test_an_announced_checkpoint_whose_writer_died_is_missing_for_a_restore(tmp_path):
+    """A trial whose first write died starts afresh; a later one falls back to its newest complete one."""
+    trial = tmp_path / "exp" / "trial"
+    _interrupted(trial / f"checkpoint_{claim_index(str(trial), 0):06d}")
+    result, _ = prepare_restore(str(trial / "checkpoint_000000"), trial_dir=str(trial))
+    assert result is None  # its first write never completed: afresh, as without a checkpoint
+    write_checkpoint(trial / "checkpoint_000001", {"w": torch.ones(3)}, metadata={"iteration": 3})
+    _interrupted(trial / f"checkpoint_{claim_index(str(trial), 0):06d}")
+    result, _ = prepare_restore(str(trial / "checkpoint_000002"), trial_dir=str(trial))
+    assert Path(result.checkpoint.path).name == "checkpoint_000001"
+    report = verify_checkpoint(str(trial / "checkpoint_000002"))
+    assert report.status == "incomplete" and "announced" in report.problems[0]
