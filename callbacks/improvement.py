@@ -39,6 +39,7 @@ class CheckpointOnImprovement(TunekitCallback):
 
     @override
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
+        super().on_trial_result(iteration, trials, trial, result, **info)
         value = result.get(self.metric)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             return

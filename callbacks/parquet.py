@@ -85,6 +85,7 @@ class ParquetLogger(TunekitCallback):
 
     @override
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info: Any) -> None:
+        super().on_trial_result(iteration, trials, trial, result, **info)
         if self._target is None:
             self._target = (trial_filesystem(trial), posixpath.dirname(trial.path.rstrip("/")))
         self._rows.append({"trial_id": trial.trial_id, **flatten_result(result)})
@@ -97,10 +98,12 @@ class ParquetLogger(TunekitCallback):
 
     @override
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        super().on_trial_complete(iteration, trials, trial, **info)
         self.flush()
 
     @override
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        super().on_trial_error(iteration, trials, trial, **info)
         self.flush()
 
     @override

@@ -121,6 +121,7 @@ class CheckpointOnPreemption(TunekitCallback):
     # -- checkpointing --------------------------------------------------------
     @override
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
+        super().on_trial_result(iteration, trials, trial, result, **info)
         if self.triggered_by is not None and (self._pending is None or trial.trial_id in self._pending):
             result[SHOULD_CHECKPOINT] = True
 

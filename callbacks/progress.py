@@ -43,6 +43,7 @@ class ProgressPrinter(TunekitCallback):
 
     @override
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
+        super().on_trial_result(iteration, trials, trial, result, **info)
         self._latest[trial.trial_id] = result
         now = time.monotonic()
         if now - self._last_print < self.interval_s:
@@ -59,6 +60,7 @@ class ProgressPrinter(TunekitCallback):
 
     @override
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        super().on_trial_complete(iteration, trials, trial, **info)
         result = trial.last_result or {}
         value = result.get(self.metric)
         shown = f"{value:.4f}" if isinstance(value, (int, float)) else "n/a"
@@ -66,6 +68,7 @@ class ProgressPrinter(TunekitCallback):
 
     @override
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        super().on_trial_error(iteration, trials, trial, **info)
         reason = error_line(trial)
         self._failed[trial.trial_id] = reason
         self._print(f"trial {trial.trial_id} failed: {reason}")

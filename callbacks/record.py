@@ -5,15 +5,17 @@ Tested in ``tests/tunekit/test_resume_torn.py``.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import pyarrow.fs as pafs
 from ray import tune
 from ray.tune.experiment import Trial
 from typing_extensions import override
 
-from tunekit import _env, record
+from tunekit import _env, _ray, record
 
-__all__ = ["ExperimentRecord", "TunekitCallback"]
+__all__ = ["ExperimentRecord", "TunekitCallback", "repair_final_checkpoints"]
 
 
 class TunekitCallback(tune.Callback):
@@ -36,8 +38,52 @@ class TunekitCallback(tune.Callback):
         record.observe(self, trials, info=getattr(self, "_record_info", None))
 
     @override
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any],
+                        **info: Any) -> None:
+        if result.get("done"):  # Tune ends the trial: its last save completes before the worker is let go
+            _ray.finish_next_save_in_place(trial)
+
+    @override
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        record.trial_finished(trials, trial)
+
+    @override
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        record.trial_finished(trials, trial)
+
+    @override
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        repair_final_checkpoints(trials)
         record.finish(self, trials)
+
+
+def repair_final_checkpoints(trials: list[Trial]) -> None:
+    """A trial whose worker died in its last checkpoint's write after Tune had ended it (nothing retries it):
+    Ray's ``Result.checkpoint`` names that checkpoint, announced and never written. It names the trial's
+    newest complete checkpoint instead (:func:`tunekit._announced.newest_complete_instead`). Local storage."""
+    from tunekit.checkpoint import read_metadata
+    from tunekit._announced import is_announced_only, newest_complete_instead
+    from tunekit._trial_dir import await_write
+
+    for trial in trials:
+        checkpoint = trial.checkpoint
+        if checkpoint is None or type(checkpoint.filesystem) is not pafs.LocalFileSystem:
+            continue
+        if not is_announced_only(checkpoint.path):
+            continue
+        await_write(checkpoint.path)  # Tune stopped the workers; a live writer is not expected, but waited for
+        if not is_announced_only(checkpoint.path):
+            continue
+        instead = newest_complete_instead(checkpoint.path)
+        if instead is None:
+            continue
+        meta = read_metadata(instead)
+        metrics = {**(meta.get("metrics") or {}), "training_iteration": meta.get("iteration")}
+        _ray.replace_checkpoint(trial, checkpoint.path, tune.Checkpoint(instead, filesystem=checkpoint.filesystem),
+                                metrics)
+        logging.getLogger(__name__).warning(
+            "tunekit: trial %s's last checkpoint %s was never written (its worker died after the trial ended); "
+            "its newest complete checkpoint %s stands in", trial.trial_id, checkpoint.path, instead)
 
 
 class ExperimentRecord(TunekitCallback):

@@ -19,7 +19,7 @@ from typing_extensions import override
 from tunekit import _ray
 from tunekit._manifest import MANIFEST_FILE, METADATA_FILE
 from tunekit._snapshot_model import CheckpointSummary, ranked
-from tunekit.callbacks.record import TunekitCallback
+from tunekit.callbacks.record import TunekitCallback, repair_final_checkpoints
 from tunekit.errors import ConfigError
 from tunekit.retention import Policy, newest_first, selected
 from tunekit.storage import directory_bytes
@@ -101,10 +101,12 @@ class KeepCheckpoints(TunekitCallback):
 
     @override
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        super().on_trial_complete(iteration, trials, trial, **info)
         self._apply(trials)
 
     @override
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        repair_final_checkpoints(trials)  # before the policy counts them: a dead last write stands for nothing
         self._apply(trials, over=True)
         self.wait()
         super().on_experiment_end(trials, **info)
@@ -145,14 +147,17 @@ class KeepCheckpoints(TunekitCallback):
         if scheduler is not None:  # (the run over, no scheduler restores anything)
             needed |= _ray.scheduler_checkpoints(scheduler)
         for trial in trials:
-            if trial.status == Trial.TERMINATED:  # an errored trial may be retried or resumed
-                continue
-            if trial.checkpoint is not None:
+            finished = trial.status == Trial.TERMINATED  # (an errored trial may be retried or resumed)
+            if trial.checkpoint is not None and not finished:
                 needed.add(trial.checkpoint.path)  # what it restores: its own newest, or a donor's after an exploit
-            for summary in newest_first(by_trial[trial.trial_id]):  # the newest whole one and any newer being written
-                needed.add(summary.uri)
+            # Any checkpoint newer than the newest whole one is being written (a finished trial's last one too:
+            # its write goes on after Tune ended the trial); the newest whole one, while the trial may go on.
+            for summary in newest_first(by_trial[trial.trial_id]):
                 if self._complete(where[summary.uri][1]):
+                    if not finished:
+                        needed.add(summary.uri)
                     break
+                needed.add(summary.uri)
         return needed
 
     def _over_budget(self, by_trial: dict[str, list[CheckpointSummary]], where: dict[str, tuple[Trial, Any]],

@@ -39,6 +39,7 @@ class CheckpointByStepsTaken(TunekitCallback):
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
     ) -> None:
+        super().on_trial_result(iteration, trials, trial, result, **info)
         current = int(result[TRAINING_ITERATION])
         if result.get(ITERATIONS_SINCE_RESTORE) == 1:
             # First result after a start or restore (retry, resume, PBT exploit):

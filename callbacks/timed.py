@@ -37,6 +37,7 @@ class CheckpointByTime(TunekitCallback):
 
     @override
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
+        super().on_trial_result(iteration, trials, trial, result, **info)
         now = self._clock()
         if result.get(ITERATIONS_SINCE_RESTORE) == 1:  # (re)started: restart its clock
             self._since.pop(trial.trial_id, None)

@@ -161,6 +161,13 @@ class TrialCheckpointer:
         self._last: tuple[int, Any] | None = None
         self._verified: str | None = None
         self._temps: list[str] = []
+        #: The next save completes its write before it returns (Tune is ending the trial: :meth:`sync_next_save`).
+        self._sync_next = False
+
+    def sync_next_save(self) -> None:
+        """The next save returns once its checkpoint is written (the trial's last: see
+        :func:`tunekit._ray.finish_next_save_in_place`)."""
+        self._sync_next = True
 
     # -- saving ------------------------------------------------------------------
     def wait(self) -> None:
@@ -198,6 +205,9 @@ class TrialCheckpointer:
             result = fallback(checkpoint_dir)
             confirm_remote_upload(result)
         self._last = (iteration, result)
+        if self._sync_next:
+            self._sync_next = False
+            self.wait()
         return result
 
     def _save_locally(self, content: TrialContent) -> Any:
@@ -261,6 +271,7 @@ class TrialCheckpointer:
         if self.saves is not None:
             self.saves.hand_over()
         self._last = None
+        self._sync_next = False
         self.loaded()
 
     def close(self) -> None:

@@ -242,10 +242,8 @@ def _storage_call(where: Storage, action: str, fn: Any, *args: Any) -> Any:
 _HASH_NAMES = {"sha256": "SHA-256", "xxh3_128": "XXH3-128"}
 
 
-#: What :func:`verify_directory` says of a directory that does not exist.
-MISSING = "directory is missing"
-#: What it says of an empty one: a checkpoint announced by a two-phase save whose write is in flight or died.
-NOT_WRITTEN = "directory is empty: announced, its write in flight or never completed"
+#: What :func:`verify_directory` says of a directory that does not exist, and of an empty one (announced).
+MISSING, NOT_WRITTEN = "directory is missing", "directory is empty: announced, its write in flight or never completed"
 
 
 def verify_directory(fs: pafs.FileSystem, path: str, shown: str) -> CheckpointReport:
@@ -254,9 +252,8 @@ def verify_directory(fs: pafs.FileSystem, path: str, shown: str) -> CheckpointRe
         return CheckpointReport(shown, "incomplete", [MISSING])
     raw = _read_bytes(fs, posixpath.join(path, MANIFEST_FILE))
     if raw is None:
-        if not fs.get_file_info(pafs.FileSelector(path)):
-            return CheckpointReport(shown, "incomplete", [NOT_WRITTEN])
-        return CheckpointReport(shown, "incomplete", [f"no {MANIFEST_FILE}"])
+        empty = not fs.get_file_info(pafs.FileSelector(path))
+        return CheckpointReport(shown, "incomplete", [NOT_WRITTEN if empty else f"no {MANIFEST_FILE}"])
     try:
         files, algorithm = _parse_manifest(raw)
     except UnsupportedManifest as exc:

@@ -45,19 +45,9 @@ import pyarrow.fs as pafs
 from ray import tune
 
 from tunekit._ray import TrainingResult
-from tunekit._trial_dir import (
-    CHECKPOINT_DIR,
-    KEPT_COPY,
-    await_write,
-    adopt_pin,
-    adopted_pin,
-    checkpoint_name_of,
-    is_announced_only,
-    is_pinned,
-    remove_pin,
-    staging_dirs,
-    writer_alive,
-)
+from tunekit._announced import is_announced_only, registered_unwritten
+from tunekit._pins import adopt_pin, adopted_pin, is_pinned, remove_pin
+from tunekit._trial_dir import CHECKPOINT_DIR, KEPT_COPY, await_write, checkpoint_name_of, staging_dirs, writer_alive
 from tunekit._manifest import MISSING, NOT_WRITTEN
 from tunekit.checkpoint import (
     MANIFEST_FILE,
@@ -162,7 +152,7 @@ def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[T
     the trial's first two-phase save (nothing complete before it), means
     "start afresh": the result is then None.
 
-    A pinned donor checkpoint (a PBT clone's, :func:`tunekit._trial_dir.pin_checkpoint`)
+    A pinned donor checkpoint (a PBT clone's, :func:`tunekit._pins.pin_checkpoint`)
     is read once: its local copy is one of the temporary directories, and a
     remote one is deleted once downloaded.
 
@@ -195,6 +185,8 @@ def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[T
         # Announced and never written (an empty directory) counts as missing: what it would have held is
         # newer than anything the trial has, so any good checkpoint of the trial may stand in for it.
         missing = report.problems in ([MISSING], [NOT_WRITTEN])
+        if report.problems == [NOT_WRITTEN] and isinstance(requested.checkpoint.filesystem, pafs.LocalFileSystem):
+            registered_unwritten(requested.checkpoint.path)  # Ray registered it: its retention deletes it
         instead = _fall_back(requested, report, temps, newer_too=missing)
         if instead is not None:
             return instead, temps
@@ -263,7 +255,7 @@ def _first_write_interrupted(checkpoint: tune.Checkpoint, trial_dir: str | None)
 
 def _release_pin(checkpoint: tune.Checkpoint, temps: list[str], trial_dir: str | None) -> None:
     """A pin is read by one clone. A local one stays while the clone may be restored from it again
-    (:func:`tunekit._trial_dir.adopt_pin`; outside Tune it goes with the temporary directories); a remote
+    (:func:`tunekit._pins.adopt_pin`; outside Tune it goes with the temporary directories); a remote
     one goes now (downloaded)."""
     if not is_pinned(checkpoint.path):
         return

@@ -24,9 +24,9 @@ by a test that SIGKILLs the worker inside the write):
   completed (a dead writer's staging directory says so) and no other, and
   the trial starts afresh, as it would have without a checkpoint.
 * Nothing half-written is ever read: an announced checkpoint is an empty
-  directory (:func:`tunekit._trial_dir.announce`) until a rename puts the
+  directory (:func:`tunekit._announced.announce`) until a rename puts the
   whole checkpoint, manifest last, in its place.
-* An index is announced once: :func:`tunekit._trial_dir.claim_index` takes
+* An index is announced once: :func:`tunekit._announced.claim_index` takes
   one above every index the trial's directory ever held, so Ray never
   registers one path twice and a save never replaces (or deletes) a
   directory Ray registered.
@@ -61,16 +61,10 @@ from ray import tune
 
 from tunekit import _env, _ray
 from tunekit._ray import TrainingResult
-from tunekit._trial_dir import (
-    CHECKPOINT_DIR,
-    announce,
-    claim_index,
-    keep_newest_complete,
-    link_tree,
-    stage_checkpoint,
-    tidy,
-)
-from tunekit.checkpoint import confirm_upload, fsync_paths, write_checkpoint
+from tunekit._announced import announce, claim_index, drop_unregistered
+from tunekit._pins import release_adopted_pin
+from tunekit._trial_dir import CHECKPOINT_DIR, keep_newest_complete, link_tree, stage_checkpoint, tidy
+from tunekit.checkpoint import confirm_upload, fsync_paths, write_checkpoint, write_phase
 from tunekit.errors import CheckpointError, first_line
 from tunekit.state import StateBuffers
 from tunekit.storage import directory_bytes
@@ -302,6 +296,7 @@ def commit_checkpoint(staging: str, final: str, write: Callable[[str], None], du
         # Its index was never used before (:func:`claim_index`), so nothing else can be there; were it, the
         # rename fails (a directory not empty) and nothing of anyone's is deleted.
         os.rename(staging, final)
+        write_phase("committed")
     except BaseException as exc:
         written = _local_bytes(staging) if _no_space(exc) else None
         shutil.rmtree(staging, ignore_errors=True)
@@ -312,6 +307,8 @@ def commit_checkpoint(staging: str, final: str, write: Callable[[str], None], du
     parent, name = os.path.split(final)
     if match := CHECKPOINT_DIR.match(name):
         tidy(parent, int(match[1]))
+        drop_unregistered(parent, int(match[1]))
+        release_adopted_pin(parent, int(match[1]))
 
 
 def _no_space(exc: BaseException) -> bool:

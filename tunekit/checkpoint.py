@@ -115,6 +115,7 @@ __all__ = [
     "unsupported_format",
     "verify_checkpoint",
     "write_checkpoint",
+    "write_phase",
 ]
 
 
@@ -143,7 +144,7 @@ class _HashingWriter:
         self.digest.update(view)
         self.fh.write(view)
         self.size += view.nbytes
-        _write_phase("state")
+        write_phase("state")
         return view.nbytes
 
     def flush(self) -> None:
@@ -152,12 +153,13 @@ class _HashingWriter:
 
 #: Fault injection for tests (``tests/support/contract.py``): called with the
 #: phase of a checkpoint write that was just reached ("state": a chunk of
-#: ``state.pt`` written; "manifest": every file written, before the manifest).
-#: None (the default) costs one global lookup per write call.
+#: ``state.pt`` written; "manifest": every file written, before the manifest;
+#: "committed": a save renamed into place). None (the default) costs one global lookup per call.
 _on_write_phase: Any = None
 
 
-def _write_phase(phase: str) -> None:
+def write_phase(phase: str) -> None:
+    """A checkpoint write reached ``phase``: the fault-injection point (``_on_write_phase``) for kill tests."""
     hook = _on_write_phase
     if hook is not None:
         hook(phase)
@@ -277,7 +279,7 @@ def write_checkpoint(
     _write_file(path / METADATA_FILE, meta_bytes, sync=sync)
     files[METADATA_FILE] = {"size": len(meta_bytes), WRITTEN_HASH: digest_bytes(meta_bytes, WRITTEN_HASH)}
     _list_other_files(path, files, sync=sync)
-    _write_phase("manifest")
+    write_phase("manifest")
     _write_file(manifest, manifest_bytes(files), sync=sync)
     return path
 
@@ -389,18 +391,10 @@ def load_model(
 def _misfit_line(shown: str, key: str, saved: dict[str, Any], model: torch.nn.Module) -> str:
     """One line: which checkpoint, what its model holds, and how ``model`` differs."""
     wanted = model.state_dict()
-    missing = [k for k in wanted if k not in saved]
-    unexpected = [k for k in saved if k not in wanted]
-    shapes = [f"{k} {tuple(saved[k].shape)} vs {tuple(wanted[k].shape)}" for k in wanted
-              if k in saved and hasattr(saved[k], "shape") and tuple(saved[k].shape) != tuple(wanted[k].shape)]
-
-    def some(names: list[str]) -> str:
-        return ", ".join(names[:4]) + (f" (+{len(names) - 4} more)" if len(names) > 4 else "")
-
-    held = ", ".join(f"{k} {tuple(v.shape)}" for k, v in list(saved.items())[:4] if hasattr(v, "shape"))
-    parts = ([f"missing in the checkpoint: {some(missing)}"] if missing else []) + \
-            ([f"not in {type(model).__name__}: {some(unexpected)}"] if unexpected else []) + \
-            ([f"shapes differ (checkpoint vs model): {some(shapes)}"] if shapes else [])
+    shapes = {k: tuple(getattr(v, "shape", ())) for k, v in saved.items()}
+    differ = [f"missing in the checkpoint: {k}" for k in wanted if k not in saved] + \
+        [f"not in {type(model).__name__}: {k}" for k in saved if k not in wanted] + \
+        [f"{k} {shapes[k]} vs {tuple(v.shape)}" for k, v in wanted.items() if k in saved and shapes[k] != tuple(v.shape)]
+    held = ", ".join(f"{k} {v}" for k, v in list(shapes.items())[:4]) + (", ..." if len(shapes) > 4 else "")
     return (f"checkpoint {shown}: model {key!r} does not fit the {type(model).__name__} given "
-            f"({'; '.join(parts) or 'load_state_dict refused it'}); the checkpoint holds {len(saved)} tensors: "
-            f"{held}{', ...' if len(saved) > 4 else ''}")
+            f"({'; '.join(differ[:4]) or 'load_state_dict refused it'}); the checkpoint holds {len(saved)} tensors: {held}")

@@ -1,7 +1,4 @@
-"""The ``tunekit`` command: a thin parser over plain functions.
-
-Exit codes: 0 ok, 1 failure, 2 bad usage or bad input (one line on stderr).
-"""
+"""The ``tunekit`` command: a thin parser over plain functions. Exit codes: 0 ok, 1 failure, 2 bad usage or input."""
 
 from __future__ import annotations
 
@@ -10,6 +7,7 @@ import json
 import sys
 from typing import Any, Callable, NoReturn, Sequence
 
+from tunekit import _env
 from tunekit.errors import TunekitError
 
 __all__ = ["main"]
@@ -179,22 +177,18 @@ def _cmd_status(args: argparse.Namespace) -> int:
         for trial in payload["trials"]:
             trial["checkpoint_bytes"] = sizes.get(trial["trial_id"], 0)
         if args.metric:
-            payload["best_trial"] = best.trial_id if best else None
-            payload["best_checkpoint"] = best.uri if best else None
-            payload["best_value"] = best.value if best else None
-            payload["best_skipped"] = list(best.skipped) if best else []
+            payload.update(best_trial=best.trial_id if best else None, best_checkpoint=best.uri if best else None,
+                           best_value=best.value if best else None, best_skipped=list(best.skipped) if best else [])
         print(json.dumps(payload, indent=1, default=str))
     else:
         _print_snapshot(snapshot, args.metric, args.mode)
     if snapshot.damaged:
         print(f"tunekit status: {snapshot.location}: damaged: {'; '.join(snapshot.problems)}", file=sys.stderr)
         return 2
-    errored = [t.trial_id for t in snapshot.trials if t.status == "ERROR"]
-    if errored:
-        print(f"tunekit status: {snapshot.location}: {len(errored)} trial(s) in ERROR: {', '.join(errored)} "
-              f"(`tunekit resume {snapshot.location} --resume-errored` retries them)", file=sys.stderr)
-        return 1
-    return 0
+    if errored := [t.trial_id for t in snapshot.trials if t.status == "ERROR"]:
+        print(f"tunekit status: {snapshot.location}: {len(errored)} trial(s) in ERROR: {', '.join(errored)} (`tunekit "
+              f"resume {snapshot.location} --resume-errored` retries them)", file=sys.stderr)
+    return 1 if errored else 0
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
@@ -387,8 +381,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        from tunekit import _env
-
         _env.check_all()
         return int(args.func(args))
     except _UsageError as exc:

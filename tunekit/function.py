@@ -53,7 +53,7 @@ from typing_extensions import override
 from tunekit import _ray
 from tunekit._checkpointer import TrialCheckpointer, TrialContent
 from tunekit._restoring import raise_failed_clone
-from tunekit._trial_dir import unpinned
+from tunekit._pins import unpinned
 from tunekit.errors import ConfigError, ConfigTypeError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.state import TrainingState
@@ -249,6 +249,10 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         finally:
             if not checkpoint_dir and _ray.trainable_storage(self):
                 shutil.rmtree(directory, ignore_errors=True)
+
+    def tunekit_sync_next_save(self) -> None:
+        """Tune is ending this trial: its last save completes before it returns (see ``TrialCheckpointer``)."""
+        self.checkpointer.sync_next_save()
 
     def tunekit_clone(self, config: dict[str, Any], checkpoint: Any, storage: Any) -> None:
         """A PBT exploit in this worker (tunekit's scheduler): reset to ``config``, then restore ``checkpoint``."""

@@ -42,7 +42,7 @@ import pyarrow.fs as pafs
 
 
 __all__ = ["ExperimentRecorder", "RECORD_NAME", "driver_running", "finish", "json_safe", "observe", "read_record",
-           "write_record"]
+           "trial_finished", "write_record"]
 
 RECORD_NAME = "tunekit-experiment.json"
 FORMAT = "tunekit-experiment"
@@ -155,6 +155,12 @@ class ExperimentRecorder:
         self._last_written = -math.inf
         self._last_text: str | None = None
         self.ended = False
+        #: Trials that ended in this run by Tune's decision (their stop criteria, a scheduler, an error).
+        self.finished: set[str] = set()
+        #: Trials that had ended before this run began (a restored experiment's).
+        self.ended_before = {t.trial_id for t in trials if t.status in ("TERMINATED", "ERROR")}
+        #: At the end: trials Tune stopped because the run itself stopped (Ctrl-C, SIGTERM, a stopper).
+        self.interrupted: list[str] = []
         self._target: tuple[pafs.FileSystem, str] | None = None
 
     def describe_callback(self, callback: Any) -> None:
@@ -191,15 +197,16 @@ class ExperimentRecorder:
             "trials": [self._trial(t) for t in trials],
             "driver": {"host": socket.gethostname(), "pid": os.getpid()},
             "ended": self.ended,
+            "interrupted": self.interrupted,
         }
 
-    @staticmethod
-    def _trial(trial: Any) -> dict[str, Any]:
+    def _trial(self, trial: Any) -> dict[str, Any]:
         last = trial.last_result or {}
         return {
             "trial_id": trial.trial_id,
             "dir": posixpath.basename(trial.path),
-            "status": trial.status,
+            # Tune marks the trials it stops because the run stops TERMINATED; they did not finish.
+            "status": "INTERRUPTED" if trial.trial_id in self.interrupted else trial.status,
             "config": json_safe(trial.config),
             "iteration": json_safe(last.get("training_iteration")),
             "stop": json_safe(getattr(trial, "stopping_criterion", None)),
@@ -264,9 +271,21 @@ def finish(owner: Any, trials: Iterable[Any]) -> None:
     entry = _RUNS.get(id(trials))
     if entry is None or entry[1] is not owner:
         return
-    entry[0].ended = True
+    recorder = entry[0]
+    recorder.ended = True
+    recorder.interrupted = sorted(
+        t.trial_id for t in trials
+        if t.trial_id not in recorder.finished and t.trial_id not in recorder.ended_before and t.status != "ERROR"
+        and (t.status != "TERMINATED" or not (t.last_result or {}).get("done")))
     entry[0].flush(force=True)
     del _RUNS[id(trials)]
+
+
+def trial_finished(trials: Iterable[Any], trial: Any) -> None:
+    """Tune ended ``trial`` by its own decision (stop criteria, a scheduler, an error): it was not interrupted."""
+    entry = _RUNS.get(id(trials))
+    if entry is not None:
+        entry[0].finished.add(trial.trial_id)
 
 
 def driver_running(record: dict[str, Any]) -> str | None:

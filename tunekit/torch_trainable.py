@@ -152,6 +152,7 @@ class TorchTrainable(tune.Trainable):
     @override
     def step(self) -> dict[str, Any]:
         raise_failed_clone(self)
+        self._build_deferred()
         metrics = self.train_iteration()
         if not isinstance(metrics, dict):
             raise ConfigTypeError(
@@ -195,8 +196,13 @@ class TorchTrainable(tune.Trainable):
     def _start_afresh(self) -> None:
         """The trial's first checkpoint never completed: build the state anew, as if never saved."""
         self.__dict__.pop("state", None)
+        self.__dict__.pop("_deferred_config", None)
         self._init_state(self.config)
         _ray.set_restored(self, {})
+
+    def tunekit_sync_next_save(self) -> None:
+        """Tune is ending this trial: its last save completes before it returns (see ``TrialCheckpointer``)."""
+        self._checkpointer.sync_next_save()
 
     def tunekit_clone(self, config: dict[str, Any], checkpoint: Any, storage: Any) -> None:
         """A PBT exploit in this worker (tunekit's scheduler): reset to ``config``, then restore ``checkpoint``."""
@@ -226,16 +232,36 @@ class TorchTrainable(tune.Trainable):
         # objects (kept only if their keys are unchanged) and the save buffers
         # (overwritten whole by the next save): rebuild the state. The
         # previous trial's checkpoint write completes first.
+        #
+        # The rebuild is deferred to the new trial's first use of its state (its restore, step or save):
+        # Tune's ``reset`` returns at once. A worker that dies while Tune waits for ``reset`` has its
+        # death reported twice (the actor's and the task's), and Tune errors the trial it was starting
+        # instead of retrying it; the shorter ``reset``, the rarer that is. For the same reason the
+        # previous trial's write in flight is not waited for here (see ``TrialCheckpointer.reset``).
         self._checkpointer.reset()
         self.__dict__.pop("state", None)
+        self.__dict__.pop("_content", None)
         owner = f"{type(self).__name__}.reusable_keys"
         if self._reusable_slot.key != reusable_key(new_config, type(self).reusable_keys, owner=owner):
             self._reusable_slot.clear()
             self.reusable = None
             self._kept_bytes = 0
-        release_memory(self._kept_bytes)
-        self._init_state(new_config)
+        self.__dict__["_deferred_config"] = new_config
         return True
+
+    def _build_deferred(self) -> None:
+        """Build the state a reset deferred (nothing to do when there is none)."""
+        config = self.__dict__.pop("_deferred_config", None)
+        if config is not None:
+            release_memory(self._kept_bytes)
+            self._init_state(config)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes not set: ``state`` and ``_content`` after a reset, built on first use.
+        if name in ("state", "_content") and "_deferred_config" in self.__dict__:
+            self._build_deferred()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @override
     def cleanup(self) -> None:
@@ -243,6 +269,7 @@ class TorchTrainable(tune.Trainable):
         if "_tunekit_checkpointer" in self.__dict__:
             self.__dict__.pop("_tunekit_checkpointer").close()
         self.__dict__.pop("state", None)
+        self.__dict__.pop("_deferred_config", None)
         self._reusable_slot.clear()
         self.reusable = None
         release_memory()

@@ -33,5 +33,5 @@ def test_a_tunekit_error_in_a_trial_is_shown_as_its_one_line(ray_session, storag
     assert lines[-1].endswith(f"failed: {trial_id}: {expected}"), lines  # again after Ray's own output
     (trial,) = read_experiment(str(storage / "broken")).trials
     assert trial.error == expected
-    assert main(["status", str(storage / "broken")]) == 0
+    assert main(["status", str(storage / "broken")]) == 1  # a trial in ERROR: a failure (docs/cli.md)
     assert expected[:40] in capsys.readouterr().out

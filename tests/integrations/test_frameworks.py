@@ -11,9 +11,9 @@ import torch
 from ray import tune
 
 from tests.support.contract import KillActorOnce, checkpoint_iterations, run_actor, tensors_equal
-from tests.support.fit import fit
+from tests.support.fit import fit, tunekit_rows
 from tunekit import CheckpointError, read_metadata, read_state, warm_start
-from tunekit.callbacks import CheckpointByStepsTaken
+from tunekit.callbacks import CheckpointByStepsTaken, ParquetLogger
 
 pytest.importorskip("lightning")
 pytest.importorskip("transformers")
@@ -103,9 +103,11 @@ def test_checkpoint_iterations_and_verify(ray_session, framework, plain):
 
 def test_killed_worker_finishes_with_the_same_weights(ray_session, framework, storage, plain):
     trainable, config, iterations = CASES[framework]
-    killed = _fit(trainable, storage, "killed", config=config, stop=iterations, callbacks=[KillActorOnce(3)],
+    kill = KillActorOnce(3)
+    killed = _fit(trainable, storage, "killed", config=config, stop=iterations, callbacks=[kill, ParquetLogger()],
                   max_failures=2, **PLAIN)
-    pids = list(dict.fromkeys(killed.metrics_dataframe["pid"]))
+    assert kill.killed
+    pids = list(dict.fromkeys(tunekit_rows(killed)["pid"]))
     assert len(pids) == 2, "the trial was not restarted in a new worker"
     _same_training_state(read_state(plain(framework).checkpoint.path), read_state(killed.checkpoint.path), framework)
 

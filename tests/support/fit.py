@@ -30,3 +30,18 @@ def fit(trainable: Any, storage: Any, name: str, *, stop: int, config: dict[str,
     ).fit()
     assert errors_ok or not grid.errors, grid.errors
     return grid
+
+
+def tunekit_rows(result: Any) -> Any:
+    """Every row tunekit's ``ParquetLogger`` kept for ``result``'s trial, in the order reported (re-run
+    iterations included): tunekit's own record of what ran. Ray's ``metrics_dataframe`` is not that: Ray
+    restarts a restored trial's ``result.json`` from a copy and can lose the rows of a killed worker."""
+    import posixpath
+
+    from tunekit._result_frames import from_parquet, parquet_parts
+    from tunekit.storage import Storage
+
+    experiment = posixpath.dirname(result.path.rstrip("/"))
+    where = Storage(result.filesystem, experiment, experiment)
+    rows = from_parquet(where, parquet_parts(where))
+    return rows[rows["trial_id"] == result.metrics["trial_id"]]

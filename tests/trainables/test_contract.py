@@ -10,7 +10,7 @@ import pytest
 import ray
 from ray import tune
 
-from tests.support.fit import fit
+from tests.support.fit import fit, tunekit_rows
 from tests.support.contract import (
     DamageAndKill,
     DyingDigits,
@@ -25,7 +25,7 @@ from tests.support.contract import (
 )
 import tunekit
 from tunekit import read_metadata, read_state, verify_checkpoint, warm_start
-from tunekit.callbacks import CheckpointByStepsTaken
+from tunekit.callbacks import CheckpointByStepsTaken, ParquetLogger
 from tunekit.snapshot import read_experiment
 from tunekit.trainables import DigitsTrainable, TrainDigits
 
@@ -93,9 +93,11 @@ def plain_run(tmp_path_factory):
 def test_killed_worker_finishes_with_same_weights(ray_session, trainable, storage, plain_run):
     kwargs = PLAIN
     plain = plain_run(trainable)
-    killed = _fit(trainable, storage, "killed", callbacks=[KillActorOnce(5)], max_failures=2, **kwargs)[0]
+    kill = KillActorOnce(5)
+    killed = _fit(trainable, storage, "killed", callbacks=[kill, ParquetLogger()], max_failures=2, **kwargs)[0]
 
-    df = killed.metrics_dataframe
+    assert kill.killed
+    df = tunekit_rows(killed)
     pids = list(dict.fromkeys(df["pid"]))
     assert len(pids) == 2, "the trial was not restarted in a new worker"
     before, after = (list(df[df["pid"] == pid]["training_iteration"]) for pid in pids)
@@ -123,10 +125,11 @@ def test_killed_inside_a_background_write_resumes_bit_exact(ray_session, trainab
     phase = "state" if trainable is DigitsTrainable else "manifest"
     died = tmp_path / "died"
     config = {**CONFIG, "die_at": 4, "die_in_write": phase, "die_marker": str(died)}
-    killed = _fit(dying, storage, f"killwrite-{phase}", config=config, max_failures=2, num_to_keep=1, **PLAIN)[0]
+    killed = _fit(dying, storage, f"killwrite-{phase}", config=config, max_failures=2, num_to_keep=1,
+                  callbacks=[ParquetLogger()], **PLAIN)[0]
     assert died.exists()
 
-    df = killed.metrics_dataframe
+    df = tunekit_rows(killed)
     pids = list(dict.fromkeys(df["pid"]))
     assert len(pids) == 2, "the trial was not restarted in a new worker"
     before, after = (list(df[df["pid"] == pid]["training_iteration"]) for pid in pids)
@@ -151,9 +154,10 @@ def test_killed_inside_the_first_background_write_starts_afresh_bit_exact(ray_se
     dying = {DigitsTrainable: DyingDigits, TrainDigits: DyingTrainDigits}[trainable]
     died = tmp_path / "died"
     config = {**CONFIG, "die_at": 2, "die_in_write": "state", "die_marker": str(died)}
-    killed = _fit(dying, storage, "killfirst", config=config, max_failures=2, num_to_keep=1, **PLAIN)[0]
+    killed = _fit(dying, storage, "killfirst", config=config, max_failures=2, num_to_keep=1,
+                  callbacks=[ParquetLogger()], **PLAIN)[0]
     assert died.exists()
-    df = killed.metrics_dataframe
+    df = tunekit_rows(killed)
     pids = list(dict.fromkeys(df["pid"]))
     assert len(pids) == 2, "the trial was not restarted in a new worker"
     before, after = (list(df[df["pid"] == pid]["training_iteration"]) for pid in pids)
@@ -195,11 +199,11 @@ def test_damaged_checkpoint_falls_back_to_newest_good_one(ray_session, trainable
     kwargs = PLAIN
     plain = plain_run(trainable)
     damage = DamageAndKill(at=5)
-    restored = _fit(trainable, storage, "fallback", callbacks=[damage], max_failures=2, **kwargs)[0]
+    restored = _fit(trainable, storage, "fallback", callbacks=[damage, ParquetLogger()], max_failures=2, **kwargs)[0]
 
     assert damage.damaged == ["checkpoint_000001"]  # the one of iteration 4
     # Restored from iteration 2, the newest good checkpoint: 3, 4, 5 run again.
-    assert sorted(restored.metrics_dataframe["training_iteration"]) == [1, 2, 3, 3, 4, 4, 5, 5, 6, 7, 8]
+    assert sorted(tunekit_rows(restored)["training_iteration"]) == [1, 2, 3, 3, 4, 4, 5, 5, 6, 7, 8]
     a, b = read_state(plain.checkpoint.path), read_state(restored.checkpoint.path)
     assert tensors_equal(a["models"], b["models"]) == []
     assert tensors_equal(a["optimizers"], b["optimizers"]) == []
@@ -211,13 +215,13 @@ def test_damaged_checkpoint_falls_back_to_newest_good_one(ray_session, trainable
 def test_damaged_checkpoint_on_s3_falls_back(ray_session, trainable, s3_bucket):
     damage = DamageAndKill(at=5)
     restored = _fit(
-        trainable, s3_bucket.uri("runs"), "s3fallback", callbacks=[damage], max_failures=2,
+        trainable, s3_bucket.uri("runs"), "s3fallback", callbacks=[damage, ParquetLogger()], max_failures=2,
         stop=6, checkpoint_frequency=2,
     )[0]
     assert damage.damaged == ["checkpoint_000001"]
-    seen = restored.metrics_dataframe["training_iteration"].tolist()
-    # Restored from iteration 2: 3 and 4 ran twice (5 too, unless the kill beat its logging).
-    assert [seen.count(i) for i in (1, 2, 3, 4)] == [1, 1, 2, 2] and set(seen) == set(range(1, 7))
+    seen = tunekit_rows(restored)["training_iteration"].tolist()
+    # Restored from iteration 2: 3, 4 and 5 ran twice.
+    assert sorted(seen) == [1, 2, 3, 3, 4, 4, 5, 5, 6], seen
     assert worker_logs_mention("s3fallback/") and worker_logs_mention("restoring from " + s3_bucket.name)
     assert read_state(restored.checkpoint)["counters"]["iteration"] == 6
 
@@ -229,9 +233,9 @@ def test_killed_inside_a_checkpoint_write_on_s3_resumes_bit_exact(ray_session, t
     died = tmp_path / "died"
     config = {**CONFIG, "die_at": 4, "die_in_write": "state", "die_after_step": False, "die_marker": str(died)}
     killed = _fit(dying, s3_bucket.uri("runs"), "s3killwrite", config=config, max_failures=2, num_to_keep=1,
-                  **PLAIN)[0]
+                  callbacks=[ParquetLogger()], **PLAIN)[0]
     assert died.exists()
-    seen = killed.metrics_dataframe["training_iteration"].tolist()
+    seen = tunekit_rows(killed)["training_iteration"].tolist()
     assert [seen.count(i) for i in range(1, 9)] == [1, 1, 2, 2, 1, 1, 1, 1], seen  # resumed from iteration 2
     plain = plain_run(trainable)
     a, b = read_state(plain.checkpoint.path), read_state(killed.checkpoint)

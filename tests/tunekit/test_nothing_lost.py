@@ -30,15 +30,10 @@ import torch
 
 from tunekit import read_state, verify_checkpoint, write_checkpoint
 from tunekit._restoring import prepare_restore, remove_temps
-from tunekit._trial_dir import (
-    INDEX_FILE,
-    PIN_RECORD,
-    announce,
-    claim_index,
-    pin_checkpoint,
-    tidy,
-    writer_id,
-)
+from tunekit._announced import INDEX_FILE, announce, claim_index
+from tunekit._pins import PIN_RECORD, pin_checkpoint
+from tunekit._saving import Durability, commit_checkpoint
+from tunekit._trial_dir import stage_checkpoint, writer_id
 
 
 def test_an_index_is_never_announced_twice(tmp_path):
@@ -134,9 +129,10 @@ def test_a_worker_killed_inside_a_write_then_handed_a_lagging_index_never_reuses
     assert read_state(result["first"])["counters"]["iteration"] == 2
 
 
-def test_a_worker_handed_to_a_new_trial_does_not_wait_for_the_previous_trials_write(tmp_path, caplog):
+def test_a_worker_handed_to_a_new_trial_does_not_wait_for_the_previous_trials_write(tmp_path, caplog, monkeypatch):
     """Mechanism 2: ``reset`` (actor reuse) returns while the previous trial's write is still in flight;
     that write completes afterwards, and its failure is logged for that trial, never raised to the new one."""
+    monkeypatch.chdir(os.getcwd())  # a Trainable moves into its trial's working directory: come back after
     import tunekit.checkpoint as checkpoint
     from tunekit import _ray
     from tunekit._saving import drain_writes
@@ -210,9 +206,9 @@ def test_a_pbt_clone_killed_before_its_next_checkpoint_completes_goes_on_from_th
     remove_temps(temps)
 
     # Once a checkpoint of the clone newer than the exploit is complete, the pin goes.
-    newer = clone / f"checkpoint_{claim_index(str(clone), 0):06d}"
-    write_checkpoint(newer, {"w": torch.ones(8) * 2}, metadata={"iteration": 5})
-    tidy(str(clone), int(newer.name.split("_")[1]))
+    newer = str(clone / f"checkpoint_{claim_index(str(clone), 0):06d}")
+    commit_checkpoint(stage_checkpoint(newer), newer,
+                      lambda d: write_checkpoint(d, {"w": torch.ones(8) * 2}, metadata={"iteration": 5}), Durability())
     assert not os.path.exists(pin) and not (clone / PIN_RECORD).exists()
 
 

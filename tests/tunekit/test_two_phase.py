@@ -28,7 +28,8 @@ from tunekit import CheckpointError, read_state, verify_checkpoint, write_checkp
 from tunekit._trial_dir import leftovers
 from tunekit.state import StateBuffers, TrainingState
 from tunekit._restoring import local_request, prepare_restore
-from tunekit._trial_dir import await_write, is_pinned, pin_checkpoint
+from tunekit._pins import is_pinned, pin_checkpoint
+from tunekit._trial_dir import await_write
 
 WRITER = textwrap.dedent(
     """
@@ -36,7 +37,8 @@ WRITER = textwrap.dedent(
     import torch
     import tunekit.checkpoint as checkpoint
     from tunekit._saving import Durability, commit_checkpoint
-    from tunekit._trial_dir import announce, keep_newest_complete, stage_checkpoint
+    from tunekit._announced import announce
+    from tunekit._trial_dir import keep_newest_complete, stage_checkpoint
 
     final, hold_at, go = sys.argv[1], sys.argv[2], sys.argv[3]
 

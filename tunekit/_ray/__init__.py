@@ -67,11 +67,18 @@ from tunekit._ray.output import (
     quiet_ray_notices,
     quiet_tune_banner,
 )
-from tunekit._ray.pbt import PBTWithDonorChoice, clone_in_place, pin_donor_checkpoint, supports_clone
+from tunekit._ray.pbt import (
+    PBTWithDonorChoice,
+    clone_in_place,
+    finish_next_save_in_place,
+    pin_donor_checkpoint,
+    supports_clone,
+)
 from tunekit._ray.retention import (
     calling_scheduler,
     forget_checkpoints,
     registered_checkpoints,
+    replace_checkpoint,
     scheduler_checkpoints,
 )
 
@@ -87,6 +94,7 @@ __all__ = [
     "clear_last_reported",
     "clone_in_place",
     "drop_color_reset_at_exit",
+    "finish_next_save_in_place",
     "forget_checkpoints",
     "function_runner_cleanup",
     "function_runner_reset",
@@ -102,6 +110,7 @@ __all__ = [
     "quiet_ray_notices",
     "quiet_tune_banner",
     "registered_checkpoints",
+    "replace_checkpoint",
     "report_checkpoint_dir",
     "scheduler_checkpoints",
     "session_report",

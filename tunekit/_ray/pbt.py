@@ -22,7 +22,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining
 from typing_extensions import override
 
-__all__ = ["PBTWithDonorChoice", "clone_in_place", "pin_donor_checkpoint", "supports_clone"]
+__all__ = ["PBTWithDonorChoice", "clone_in_place", "finish_next_save_in_place", "pin_donor_checkpoint", "supports_clone"]
 
 
 # -- PBT -------------------------------------------------------------------------
@@ -69,6 +69,21 @@ def clone_in_place(trial: Any) -> None:
     extra[TRIAL_INFO] = _TrialInfo(trial)
     extra[STDOUT_FILE], extra[STDERR_FILE] = trial.log_to_file
     trial.temporary_state.ray_actor.tunekit_clone.remote(extra, trial.latest_checkpoint_result, trial.storage)
+
+
+def finish_next_save_in_place(trial: Any) -> None:
+    """Have a tunekit trial's worker write its next checkpoint before ``save`` returns (``tunekit_sync_next_save``).
+
+    Sent when Tune has decided to end the trial, before Tune asks for its
+    last save: a worker ended with a write in flight is stopped, or cached
+    and handed to another trial, while it writes; a death then (Ray reports
+    it for the trial being started, whose ``reset`` fails) errors that other
+    trial, and nothing retries the ended trial's last checkpoint. Untracked
+    by Tune, like :func:`clone_in_place`.
+    """
+    actor = trial.temporary_state.ray_actor
+    if actor is not None and supports_clone(trial):
+        actor.tunekit_sync_next_save.remote()
 
 
 class PBTWithDonorChoice(PopulationBasedTraining):
@@ -145,10 +160,10 @@ def pin_donor_checkpoint(trial: Any) -> None:
     Between the scheduler's decision and the clone reading the checkpoint, the
     donor goes on training: its next checkpoint makes Ray delete the one
     chosen (``num_to_keep=1``). The trial is given the pin instead
-    (:func:`tunekit._trial_dir.pin_checkpoint`); the restore that reads it
+    (:func:`tunekit._pins.pin_checkpoint`); the restore that reads it
     removes it.
     """
-    from tunekit._trial_dir import pin_checkpoint
+    from tunekit._pins import pin_checkpoint
 
     manager = trial.run_metadata.checkpoint_manager
     result = manager._latest_checkpoint_result

@@ -16,7 +16,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["calling_scheduler", "forget_checkpoints", "registered_checkpoints", "scheduler_checkpoints"]
+__all__ = ["calling_scheduler", "forget_checkpoints", "registered_checkpoints", "replace_checkpoint",
+           "scheduler_checkpoints"]
 
 
 def registered_checkpoints(trial: Any) -> list[tuple[Any, dict[str, Any]]]:
@@ -39,6 +40,22 @@ def forget_checkpoints(trial: Any, paths: set[str]) -> None:
         left = [r for r in manager._checkpoint_results if r.checkpoint is not None]
         newest = max(left, key=lambda r: (r.metrics or {}).get("training_iteration") or 0, default=None)
         manager._latest_checkpoint_result = newest
+    trial.invalidate_json_state()
+    trial.run_metadata.invalidate_cache()
+
+
+def replace_checkpoint(trial: Any, old: str, checkpoint: Any, metrics: dict[str, Any]) -> None:
+    """In Ray's bookkeeping of ``trial``, the checkpoint registered at path ``old`` becomes ``checkpoint``
+    (a ``tune.Checkpoint``, with ``metrics``): ``Result.checkpoint`` names it if ``old`` was the latest."""
+    from ray.train._internal.checkpoint_manager import _TrainingResult
+
+    manager = trial.run_metadata.checkpoint_manager
+    result = _TrainingResult(checkpoint=checkpoint, metrics=dict(metrics))
+    manager._checkpoint_results = [result if r.checkpoint is not None and r.checkpoint.path == old else r
+                                   for r in manager._checkpoint_results]
+    latest = manager._latest_checkpoint_result
+    if latest is not None and latest.checkpoint is not None and latest.checkpoint.path == old:
+        manager._latest_checkpoint_result = result
     trial.invalidate_json_state()
     trial.run_metadata.invalidate_cache()
 

@@ -1,0 +1,182 @@
+"""Nothing lost under real failures (issue 36): real Tune runs whose workers are SIGKILLed inside checkpoint
+writes, then one invariant check of what each run left.
+
+Each run trains a wide MLP (``--mb`` of weights; checkpoints twice that with the momentum buffers), a
+checkpoint every iteration, ``num_to_keep=1``, ``max_failures=20``, 4 trials on 2 CPUs (1 for the
+``one`` scenario). A failure injector in the driver (``tests/support/injector.py``) watches the trial
+directories and SIGKILLs the worker writing a checkpoint (a two-phase save names its writer in its
+staging directory), for a fraction of the writes it sees, up to ``--kills`` a run. After the run:
+0 trials in ERROR, every trial's newest checkpoint exists and verifies, no interrupted write left,
+every iteration once in ``load_results``, ``tunekit verify`` and ``tunekit status`` exit 0; for the
+``one`` scenario the final weights equal an uninterrupted run's bit for bit.
+
+Scenarios: ``one`` (one trial, no scheduler), ``pbt`` (``pbt_setup``, actor reuse, plus
+``KeepCheckpoints(trial_latest=1)``), ``pbt_function`` (the same with a function trainable),
+``noreuse`` (``pbt_setup`` with ``reuse_actors=False``), ``ray_pbt`` (Ray's own
+``PopulationBasedTraining`` with actor reuse).
+
+    python benchmarks/chaos.py --runs 5                     # the whole matrix
+    python benchmarks/chaos.py --scenarios pbt --runs 2     # one scenario
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from tunekit import FunctionSession, TorchTrainable, TrainingState, function_trainable  # noqa: E402
+
+SCENARIOS = ("one", "pbt", "pbt_function", "noreuse", "ray_pbt")
+
+
+def _build(config: dict[str, Any], device: Any = "cpu") -> TrainingState:
+    torch.manual_seed(config["seed"])
+    width = config["width"]
+    model = torch.nn.Sequential(torch.nn.Linear(256, width), torch.nn.ReLU(), torch.nn.Linear(width, 256))
+    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
+    return TrainingState(models={"model": model}, optimizers={"optimizer": optimizer})
+
+
+def _step(state: TrainingState, config: dict[str, Any]) -> dict[str, float]:
+    generator = torch.Generator().manual_seed(config["seed"] * 1000 + state.counters.iteration)
+    x = torch.randn(32, 256, generator=generator)
+    loss = torch.nn.functional.mse_loss(state.models["model"](x), x.flip(1))
+    state.optimizers["optimizer"].zero_grad()
+    loss.backward()
+    state.optimizers["optimizer"].step()
+    return {"loss": loss.item()}
+
+
+class Wide(TorchTrainable):
+    """A wide MLP: ``width`` hidden units, about ``2 * 256 * width`` weights."""
+
+    def build(self, config: dict[str, Any]) -> TrainingState:
+        return _build(config)
+
+    def train_iteration(self) -> dict[str, float]:
+        return _step(self.state, self.config)
+
+
+def train_wide(config: dict[str, Any]) -> None:
+    state = _build(config)
+    session = FunctionSession(state, config=config)
+    while True:
+        session.report(_step(state, config))
+
+
+WideFunction = function_trainable(train_wide, name="WideFunction")
+
+
+def _run(scenario: str, storage: str, name: str, *, width: int, iterations: int, injector: Any) -> tuple[Any, str]:
+    from ray import tune
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    from tunekit.callbacks import KeepCheckpoints, ParquetLogger
+    from tunekit.pbt import pbt_setup
+
+    trials = 1 if scenario == "one" else 4
+    trainable = WideFunction if scenario == "pbt_function" else Wide
+    param_space = {"width": width, "seed": tune.grid_search(list(range(trials))), "lr": 0.01}
+    callbacks: list[Any] = [ParquetLogger()]
+    checkpoint = tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1, checkpoint_at_end=True)
+    tune_config: dict[str, Any] = {}
+    if scenario in ("pbt", "pbt_function", "noreuse"):
+        setup = pbt_setup(trainable, metric="loss", mode="min", perturbation_interval=2,
+                          mutations={"lr": [0.005, 0.01, 0.02]}, num_to_keep=1)
+        tune_config = setup.tune_config_kwargs()
+        checkpoint = dataclasses.replace(setup.checkpoint_config, checkpoint_frequency=1)
+        if scenario == "noreuse":
+            tune_config["reuse_actors"] = False
+        else:
+            callbacks.append(KeepCheckpoints(trial_latest=1))
+    elif scenario == "ray_pbt":
+        tune_config = {"metric": "loss", "mode": "min", "reuse_actors": True,
+                       "scheduler": PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=2,
+                                                            hyperparam_mutations={"lr": [0.005, 0.01, 0.02]})}
+    with injector:
+        grid = tune.Tuner(
+            trainable,
+            param_space=param_space,
+            tune_config=tune.TuneConfig(**tune_config),
+            run_config=tune.RunConfig(name=name, storage_path=storage, stop={"training_iteration": iterations},
+                                      checkpoint_config=checkpoint, callbacks=callbacks,
+                                      failure_config=tune.FailureConfig(max_failures=20), verbose=0),
+        ).fit()
+    return grid, os.path.join(storage, name)
+
+
+class _Nothing:
+    kills: list = []
+
+    def __enter__(self) -> _Nothing:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--kills", type=int, default=6, help="kills a run at most")
+    parser.add_argument("--writes", type=float, default=0.35, help="fraction of the writes seen whose writer is killed")
+    parser.add_argument("--mb", type=float, default=55.0, help="MB of weights (checkpoints are twice that)")
+    parser.add_argument("--iterations", type=int, default=12)
+    args = parser.parse_args(argv)
+    import ray
+
+    from tests.support.injector import Injector, invariant_violations
+    from tunekit import read_state
+
+    width = max(8, int(args.mb * 1e6 / 4 / (2 * 256)))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    print(f"chaos: {args.mb:.0f} MB of weights (width {width}), {args.iterations} iterations, a checkpoint each, "
+          f"num_to_keep=1, max_failures=20; up to {args.kills} kills a run, {args.writes:.0%} of writes", flush=True)
+    reference: dict[Any, Any] = {}
+    totals = {}
+    for scenario in args.scenarios.split(","):
+        if scenario not in SCENARIOS:
+            parser.error(f"--scenarios: unknown {scenario!r}; expected some of {', '.join(SCENARIOS)}")
+        if scenario == "one" and not reference:
+            with tempfile.TemporaryDirectory() as storage:
+                grid, _ = _run("one", storage, "reference", width=width, iterations=args.iterations,
+                               injector=_Nothing())
+                reference = {0: read_state(grid[0].checkpoint)}
+        ok_runs, inside, phases, violations_all = 0, 0, {}, []
+        for run in range(args.runs):
+            with tempfile.TemporaryDirectory() as storage:
+                injector = Injector(storage, writes=args.writes, max_kills=args.kills, seed=run)
+                start = time.monotonic()
+                grid, experiment = _run(scenario, storage, f"{scenario}-{run}", width=width,
+                                        iterations=args.iterations, injector=injector)
+                seconds = time.monotonic() - start
+                violations = invariant_violations(experiment, grid, reference=reference if scenario == "one" else None)
+            landed = sum(k.inside_write for k in injector.kills)
+            inside += landed
+            for phase, n in injector.by_phase().items():
+                phases[phase] = phases.get(phase, 0) + n
+            ok_runs += not violations
+            violations_all += violations
+            print(f"  {scenario} run {run}: {len(injector.kills)} kills, {landed} inside a write, {seconds:.0f} s: "
+                  + ("all invariants hold" if not violations else "VIOLATED: " + " | ".join(violations)), flush=True)
+        totals[scenario] = (ok_runs, inside, phases, violations_all)
+        print(f"{scenario}: {ok_runs}/{args.runs} runs nothing lost; {inside} kills inside writes "
+              f"({', '.join(f'{p} {n}' for p, n in sorted(phases.items()))})", flush=True)
+    print("\nscenario       runs ok   kills inside writes   violations")
+    for scenario, (ok_runs, inside, _, violations) in totals.items():
+        print(f"{scenario:<14} {ok_runs}/{args.runs:<6}  {inside:>19}   {len(violations)}")
+    return 0 if all(not v for *_, v in totals.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

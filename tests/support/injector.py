@@ -1,0 +1,260 @@
+"""A failure injector for real Tune runs: SIGKILLs of trial workers inside checkpoint writes or at random,
+and one invariant check of what a run left (issue 36). ``benchmarks/chaos.py`` runs the long matrix on it;
+``tests/trainables/test_chaos.py`` a suite-sized run.
+
+The injector is a thread in the driver. It watches the experiment's trial directories: a two-phase save
+names its writer in its staging directory (``.checkpoint_N.partial-HOST-PID-X``), so a write in flight and
+the process writing it are both on disk, and a kill lands *inside* the write. The phase it landed in is read
+from the staging directory the moment after the kill: before ``state.pt`` was whole, before the manifest,
+or after the rename (too late: the checkpoint was complete). With ``mean_interval_s`` it also kills a
+random trial worker (found by Ray's process title ``ray::<Trainable>``) at exponential intervals.
+
+:func:`invariant_violations` is the check after a run, on tunekit's own files only (never on Ray's
+``metrics_dataframe``): every trial finished (none in ERROR), each trial's newest checkpoint exists and
+verifies, nothing interrupted is left over, every iteration once in ``load_results``, and
+``tunekit verify`` / ``tunekit status`` say all is well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import posixpath
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunekit._manifest import MANIFEST_FILE
+from tunekit._trial_dir import STAGING, leftovers
+
+__all__ = ["Injector", "Kill", "invariant_violations"]
+
+
+@dataclass(frozen=True)
+class Kill:
+    """One SIGKILL: when (seconds into the run), whom, and where it landed."""
+
+    at_s: float
+    pid: int
+    phase: str  # "write: before state", "write: before manifest", "write: before rename", "after a write", "random"
+    checkpoint: str = ""
+
+    @property
+    def inside_write(self) -> bool:
+        return self.phase.startswith("write:")
+
+
+@dataclass
+class Injector:
+    """Kill trial workers of the experiment in ``root`` (a directory holding experiments) while a run goes on.
+
+    Args:
+        root: Where the run's experiment directory is (or will be) made: the storage path.
+        writes: Kill the writer of this fraction of the checkpoint writes seen (0 to 1).
+        mean_interval_s: Also kill a random trial worker at exponential intervals of this mean (None: never).
+        max_kills: Stop after this many kills.
+        trainable: The process title prefix of trial workers (``ray::<name>``), for random kills.
+        seed: The random choices' seed.
+    """
+
+    root: str
+    writes: float = 0.5
+    mean_interval_s: float | None = None
+    max_kills: int = 8
+    trainable: str = ""
+    seed: int = 0
+    kills: list[Kill] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Injector:
+        self._start = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="tunekit-injector", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def by_phase(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for kill in self.kills:
+            out[kill.phase] = out.get(kill.phase, 0) + 1
+        return out
+
+    # -- the thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        rng = random.Random(self.seed)
+        seen: dict[str, float] = {}  # staging directory -> when it was first seen
+        durations: list[float] = []  # how long the writes let through took (staging seen to gone)
+        doomed: dict[str, tuple[int, float]] = {}  # staging directory -> (writer, when to kill it)
+        next_random = self._next(rng)
+        while not self._stop.is_set() and len(self.kills) < self.max_kills:
+            now = time.monotonic()
+            writes = dict(self._writes())
+            for path, pid in writes.items():
+                if path in seen:
+                    continue
+                seen[path] = now
+                if rng.random() < self.writes:  # somewhere inside the write: it takes about as long as others
+                    typical = sorted(durations)[len(durations) // 2] if durations else 0.05
+                    doomed[path] = (pid, now + rng.uniform(0.0, 1.2 * typical))
+            for path in [p for p in seen if p not in writes and p not in doomed and seen[p] > 0]:
+                durations.append(now - seen[path])
+                seen[path] = -1.0  # measured once
+            for path, (pid, when) in list(doomed.items()):
+                if now >= when:
+                    del doomed[path]
+                    self._kill_writer(path, pid)
+            if next_random is not None and time.monotonic() >= next_random:
+                workers = _workers(self.trainable)
+                if workers:
+                    pid = rng.choice(workers)
+                    if _sigkill(pid):
+                        self.kills.append(Kill(self._now(), pid, "random"))
+                next_random = self._next(rng)
+            time.sleep(0.002)
+
+    def _now(self) -> float:
+        return time.monotonic() - self._start
+
+    def _next(self, rng: random.Random) -> float | None:
+        if self.mean_interval_s is None:
+            return None
+        return time.monotonic() + rng.expovariate(1.0 / self.mean_interval_s)
+
+    def _writes(self) -> list[tuple[str, int]]:
+        """Staging directories of this machine's live writers: (path, writer pid)."""
+        out = []
+        for dirpath, dirnames, _ in os.walk(self.root):
+            for name in dirnames:
+                m = STAGING.match(name)
+                if m and m["pid"]:
+                    out.append((os.path.join(dirpath, name), int(m["pid"])))
+            dirnames[:] = [d for d in dirnames if not d.startswith(".") and not d.startswith("checkpoint_")]
+        return out
+
+    def _kill_writer(self, staging: str, pid: int) -> None:
+        if not _sigkill(pid):
+            return
+        parent, name = os.path.split(staging)
+        final = os.path.join(parent, STAGING.match(name)[1])  # type: ignore[index]
+        if os.path.isdir(staging):
+            if os.path.exists(os.path.join(staging, MANIFEST_FILE)):
+                phase = "write: before rename"
+            elif _has_metadata(staging):  # written after state.pt
+                phase = "write: before manifest"
+            else:
+                phase = "write: before state"
+        else:
+            phase = "after a write"
+        self.kills.append(Kill(self._now(), pid, phase, posixpath.relpath(final, self.root)))
+
+
+def _has_metadata(staging: str) -> bool:
+    from tunekit._manifest import METADATA_FILE
+
+    return os.path.exists(os.path.join(staging, METADATA_FILE))
+
+
+def _sigkill(pid: int) -> bool:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _workers(trainable: str) -> list[int]:
+    """Pids of live Ray workers running a ``trainable`` actor (their process title is ``ray::<name>...``)."""
+    prefix = f"ray::{trainable}".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                if fh.read().startswith(prefix):
+                    out.append(int(name))
+        except OSError:
+            continue
+    return out
+
+
+def invariant_violations(experiment: str, grid: Any = None, *, reference: dict[str, Any] | None = None) -> list[str]:
+    """What is wrong with the experiment a run left in ``experiment``, one line each (empty: nothing lost).
+
+    Args:
+        grid: The run's ``ResultGrid``: each result's checkpoint must exist and verify.
+        reference: Trial config key ``"seed"`` -> the state dict an uninterrupted run ended with; the
+            killed run's final weights must equal it bit for bit.
+    """
+    from tunekit import read_state, verify_checkpoint
+    from tunekit.analysis import load_results
+    from tunekit.cli import main
+    from tunekit.snapshot import read_experiment
+
+    out = []
+    snap = read_experiment(experiment)
+    for trial in snap.trials:
+        if trial.status != "TERMINATED":
+            out.append(f"{trial.trial_id} ended {trial.status}: {trial.error}")
+        where = os.path.join(experiment, trial.name)
+        for name, kind in leftovers_of(where):
+            if kind in ("interrupted", "writing"):
+                out.append(f"{trial.name}/{name}: {kind} write left over")
+    if grid is not None:
+        for result in grid:
+            if result.error is not None:
+                out.append(f"{result.path}: error {str(result.error).splitlines()[0][:200]}")
+                continue
+            if result.checkpoint is None:
+                out.append(f"{result.path}: no checkpoint")
+                continue
+            report = verify_checkpoint(result.checkpoint)
+            if not report.ok:
+                out.append(f"newest checkpoint {report.describe()}")
+            elif reference is not None:
+                seed = result.config.get("seed")
+                if seed in reference:
+                    from tests.support.contract import tensors_equal
+
+                    got = read_state(result.checkpoint)
+                    if tensors_equal(reference[seed]["models"], got["models"]) != []:
+                        out.append(f"{result.path}: final weights differ from the uninterrupted run's")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            df = load_results(experiment)
+            shown = io.StringIO()
+            with contextlib.redirect_stdout(shown):
+                verified = main(["verify", experiment])
+            status = main(["status", experiment])
+    if "training_iteration" in df.columns:
+        dup = df.duplicated(["trial_id", "training_iteration"]).sum()
+        if dup:
+            out.append(f"load_results: {dup} iteration(s) twice")
+    if df.attrs.get("missing_iterations"):
+        out.append(f"load_results: rows lost: {df.attrs['missing_iterations']}")
+    if verified != 0:
+        bad = [line.strip() for line in shown.getvalue().splitlines()
+               if line.rstrip().endswith(("incomplete", "corrupt")) or ": " in line and
+               any(f"  {s}" in line for s in ("incomplete", "corrupt", "unsupported")) or line.startswith("damaged")]
+        out.append(f"tunekit verify exited {verified}: {' | '.join(bad)[:600]}")
+    if status != 0:
+        out.append(f"tunekit status exited {status}")
+    return out
+
+
+def leftovers_of(trial_dir: str) -> list[tuple[str, str]]:
+    import pyarrow.fs as pafs
+
+    return leftovers(pafs.LocalFileSystem(), trial_dir)

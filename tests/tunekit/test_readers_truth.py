@@ -1,0 +1,114 @@
+"""The readers tell the truth about failures, retention never deletes the newest checkpoint that verifies, and
+bad settings are refused before anything starts: each as a user meets it, on a real experiment."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from ray import tune
+
+from tests.support.faults import flip_byte
+from tunekit import CheckpointError, ConfigError, verify_checkpoint
+from tunekit.cli import main
+from tunekit.record import RECORD_NAME
+from tunekit.snapshot import read_experiment
+
+
+@pytest.fixture
+def exp(quickstart_experiment, tmp_path) -> Path:
+    """A copy of the quickstart's experiment, to damage."""
+    copy = tmp_path / "qs"
+    shutil.copytree(quickstart_experiment, copy)
+    return copy
+
+
+def _with_checkpoints(exp: Path, at_least: int):
+    snap = read_experiment(str(exp))
+    trial = next(t for t in snap.trials if len(t.checkpoints) >= at_least)
+    return trial, [exp / trial.name / c.name for c in trial.checkpoints]
+
+
+def test_gc_on_a_copy_whose_newest_checkpoint_is_corrupt_keeps_the_newest_good_one(exp, capsys):
+    from tunekit.storage import resolve_storage
+
+    trial, paths = _with_checkpoints(exp, 2)
+    newest, good = paths[-1], paths[-2]
+    flip_byte(resolve_storage(str(newest)).filesystem, str(newest))
+    assert main(["gc", str(exp), "--trial-latest", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"damaged, left in place and not counted: {trial.name}/{newest.name}: corrupt" in out
+    line = next(line for line in out.splitlines() if line.startswith(f"{trial.name}: "))
+    assert f"keep 1: {good.name}" in line and newest.name not in line.split("; keep")[0]
+    assert main(["gc", str(exp), "--trial-latest", "1", "--yes"]) == 0
+    assert verify_checkpoint(str(good)).ok  # the only good one of the newest two: kept
+    assert newest.is_dir()  # the damaged one: shown, not deleted
+
+
+def test_status_exits_1_when_a_trial_is_in_error(ray_session, tmp_path, capsys):
+    def fails(config):
+        raise ValueError("boom")
+
+    tune.Tuner(fails, run_config=tune.RunConfig(name="err", storage_path=str(tmp_path), verbose=0)).fit()
+    assert main(["status", str(tmp_path / "err")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "1 trial(s) in ERROR" in err[0] and "--resume-errored" in err[0]
+
+
+def test_verify_names_a_registered_checkpoint_missing_on_storage(exp, capsys):
+    record = json.loads((exp / RECORD_NAME).read_text())
+    entry = next(t for t in record["trials"] if t.get("checkpoint"))
+    shutil.rmtree(exp / entry["checkpoint"])  # what Ray's index can point at after a killed write
+    assert main(["verify", str(exp)]) == 1
+    out = capsys.readouterr().out
+    assert f"{entry['checkpoint']}  iter     -  incomplete: registered by Ray as the trial's newest" in out
+
+
+def test_verify_names_a_damaged_result_file(exp, capsys):
+    result = next(exp.glob("*/result.json"))
+    text = result.read_text()
+    result.write_text(text[: len(text) - 40])  # the last line torn, as a killed driver leaves it
+    assert main(["verify", str(exp)]) == 1
+    assert f"damaged: {result.parent.name}/result.json: 1 damaged line(s)" in capsys.readouterr().out
+    assert main(["status", str(exp)]) == 2  # status calls it damage too
+
+
+def test_a_bad_tunekit_variable_is_refused_before_anything_starts(exp, monkeypatch, capsys):
+    from tunekit.pbt import pbt_setup
+    from tunekit.callbacks import ParquetLogger
+    from tunekit.trainables import DigitsTrainable
+
+    monkeypatch.setenv("TUNEKIT_CHECKPOINT_WAIT_S", "soon")  # docs/environment.md's own refused value
+    assert main(["status", str(exp)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tunekit status: TUNEKIT_CHECKPOINT_WAIT_S='soon': expected a number of seconds"]
+    with pytest.raises(ConfigError, match="TUNEKIT_CHECKPOINT_WAIT_S='soon'"):
+        pbt_setup(DigitsTrainable, metric="accuracy", mode="max", perturbation_interval=2,
+                  mutations={"lr": [0.1, 0.2]})
+    with pytest.raises(ConfigError, match="TUNEKIT_CHECKPOINT_WAIT_S='soon'"):
+        ParquetLogger().setup()  # any tunekit callback: Tuner.fit stops before the first trial
+    monkeypatch.setenv("TUNEKIT_CHECKPOINT_WAIT_S", "30")
+    monkeypatch.setenv("TUNEKIT_BACKGROUND_SAVES", "maybe")
+    assert main(["verify", str(exp)]) == 2
+    assert "TUNEKIT_BACKGROUND_SAVES='maybe': expected 1/true/yes/on or 0/false/no/off" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refused only where no GPU is visible")
+def test_check_on_cuda_without_a_gpu_is_refused(capsys):
+    assert main(["check", "tunekit.trainables:DigitsTrainable", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--device cuda: no CUDA GPU is visible here" in err[0]
+
+
+def test_load_best_model_into_a_module_that_does_not_fit_names_the_checkpoint(exp):
+    from tunekit.analysis import best_checkpoint, load_best_model
+
+    with pytest.raises(CheckpointError) as info:
+        load_best_model(str(exp), torch.nn.Linear(3, 2), metric="accuracy", mode="max")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"checkpoint {best_checkpoint(str(exp), metric='accuracy', mode='max')}: model")
+    assert "does not fit the Linear given" in message and "the checkpoint holds" in message
