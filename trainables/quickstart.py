@@ -109,16 +109,16 @@ def run_quickstart(
     undo = [quiet_ray_notices(), quiet_tune_banner()]
     try:
         with ray_for("quickstart", address=address, cpus=cpus):
-            grid, wall = _sweep(storage, experiment, name, num_samples=num_samples, max_iterations=max_iterations,
+            wall = _sweep(storage, experiment, name, num_samples=num_samples, max_iterations=max_iterations,
                                 gpus_per_trial=gpus_per_trial, shared_storage=shared_storage, out=out)
     finally:
         for restore in undo:
             restore()
-    return _summarize(grid, experiment, wall, out)
+    return _summarize(experiment, wall, out)
 
 
 def _sweep(storage: Any, experiment: Any, name: str, *, num_samples: int, max_iterations: int,
-           gpus_per_trial: float, shared_storage: bool, out: TextIO) -> tuple[Any, float]:
+           gpus_per_trial: float, shared_storage: bool, out: TextIO) -> float:
     import ray
     from ray import tune
 
@@ -170,12 +170,11 @@ def _sweep(storage: Any, experiment: Any, name: str, *, num_samples: int, max_it
         ),
     )
     t0 = time.monotonic()
-    grid = tuner.fit()
-    wall = time.monotonic() - t0
-    return grid, wall
+    tuner.fit()  # the summary reads the experiment's files, as `tunekit status` does
+    return time.monotonic() - t0
 
 
-def _summarize(grid: Any, experiment: Any, wall: float, out: TextIO) -> QuickstartSummary:
+def _summarize(experiment: Any, wall: float, out: TextIO) -> QuickstartSummary:
     # The best model is the best checkpoint on storage across all trials, read
     # from the experiment directory exactly as `tunekit status --metric
     # accuracy --mode max` and tunekit.analysis.best_checkpoint read it.
@@ -183,21 +182,19 @@ def _summarize(grid: Any, experiment: Any, wall: float, out: TextIO) -> Quicksta
     best = snapshot.best_checkpoint(METRIC, "max")
     if best is None or best.checkpoint is None or best.value is None:
         raise ConfigError(f"quickstart: no checkpoint of {experiment.uri} recorded {METRIC!r}")
-    trials = {t.trial_id: t for t in snapshot.trials}
     rows = []
-    for result in grid:
-        metrics = result.metrics or {}
-        trial_id = str(metrics.get("trial_id", "?"))
-        own = snapshot.best_checkpoint_of(trials[trial_id], METRIC, "max").checkpoint if trial_id in trials else None
+    for trial in snapshot.trials:  # one truth: the experiment's files, as `tunekit status` reads them
+        metrics, trial_id = trial.last_result or {}, trial.trial_id
+        own = snapshot.best_checkpoint_of(trial, METRIC, "max").checkpoint
         rows.append(
             {
                 "trial": trial_id,
-                "lr": float(result.config.get("lr", float("nan"))),
-                "momentum": float(result.config.get("momentum", float("nan"))),
+                "lr": float(trial.config.get("lr", float("nan"))),
+                "momentum": float(trial.config.get("momentum", float("nan"))),
                 "accuracy": metrics.get(METRIC),
                 "best_checkpoint_accuracy": own.metrics.get(METRIC) if own is not None else None,
-                "iterations": int(metrics.get("training_iteration", 0)),
-                "state": "ERROR" if result.error else "TERMINATED",
+                "iterations": trial.iterations,
+                "state": "INTERRUPTED" if trial_id in snapshot.interrupted else trial.status,
                 "best": trial_id == best.trial_id,
             }
         )
@@ -219,7 +216,11 @@ def _summarize(grid: Any, experiment: Any, wall: float, out: TextIO) -> Quicksta
         file=out,
     )
     print(f"best checkpoint: {summary.best_checkpoint}", file=out)
-    print(f"finished in {wall:.1f}s; experiment at {summary.experiment_path}", file=out)
+    if snapshot.interrupted:
+        print(f"interrupted after {wall:.1f}s: {len(snapshot.interrupted)} trial(s) did not finish; "
+              f"`tunekit resume {summary.experiment_path}` continues them", file=out)
+    else:
+        print(f"finished in {wall:.1f}s; experiment at {summary.experiment_path}", file=out)
     print(f"next: tunekit status {summary.experiment_path} --metric {METRIC} --mode max; "
           f"tunekit report {summary.experiment_path}", file=out)
     print("your own trainable: tunekit check my_module:MyTrainable --config '{...}' proves it resumes "

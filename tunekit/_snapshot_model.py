@@ -182,6 +182,9 @@ class ExperimentSnapshot:
     damaged_state_files: list[str] = field(default_factory=list)
     #: Why ``tuner.pkl`` is not a whole pickle, or None (whole, or absent).
     tuner_pickle_damage: str | None = None
+    #: Trials the run left unfinished because it stopped (Ctrl-C, SIGTERM, a killed driver), from tunekit's
+    #: record: empty while its driver runs, or when every trial finished.
+    interrupted: list[str] = field(default_factory=list)
     _verdicts: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from tunekit import _env
+from tunekit._status_text import print_snapshot
 from tunekit.errors import TunekitError
 
 __all__ = ["main"]
@@ -55,7 +56,7 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
         name=args.name, cpus=args.cpus, gpus_per_trial=args.gpus_per_trial, address=args.address,
         shared_storage=args.shared_storage,
     )
-    return 0 if all(row["state"] != "ERROR" for row in summary.rows) else 1
+    return 0 if all(row["state"] == "TERMINATED" for row in summary.rows) else 1  # ERROR or INTERRUPTED: 1
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -90,78 +91,6 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def _short(value: Any, width: int = 12) -> str:
-    text = f"{value:.4g}" if isinstance(value, float) else str(value)
-    return text if len(text) <= width else text[: width - 1] + "~"
-
-
-def _print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None:
-    import time as _time
-
-    from tunekit.results import format_ranges
-    from tunekit.snapshot import format_counts, trial_checkpoint_bytes
-    from tunekit.table import format_bytes, format_table
-
-    started = (
-        _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(snapshot.start_time))
-        if snapshot.start_time
-        else "unknown"
-    )
-    counts = format_counts(snapshot.counts()) or "no trials"
-    print(f"experiment {snapshot.name} at {snapshot.location}")
-    print(f"started {started}; state file {snapshot.state_file or 'none'}; {len(snapshot.trials)} trials: {counts}")
-    keys: list[str] = []
-    for trial in snapshot.trials:
-        for key, value in trial.config.items():
-            if key not in keys and not isinstance(value, (dict, list)):
-                keys.append(key)
-    varying = [k for k in keys if len({repr(t.config.get(k)) for t in snapshot.trials}) > 1][:5]
-    headers = ["trial_id", "status", "iter", *( [metric] if metric else []), *varying, "ckpts", "ckpt size", "error"]
-    sizes = trial_checkpoint_bytes(snapshot)
-    rows = []
-    for trial in snapshot.trials:
-        row = [trial.trial_id, trial.status, str(trial.iterations)]
-        if metric:
-            value = trial.metric(metric)
-            row.append("-" if value is None else _short(value))
-        row += [_short(trial.config.get(k, "-")) for k in varying]
-        row += [str(len(trial.checkpoints)), format_bytes(sizes[trial.trial_id]), _short(trial.error or "", 60)]
-        rows.append(row)
-    print(format_table(headers, rows))
-    print(f"checkpoints: {sum(len(t.checkpoints) for t in snapshot.trials)}, {format_bytes(sum(sizes.values()))}")
-    for trial in snapshot.trials:
-        if trial.missing_iterations:
-            print(
-                f"note: {trial.trial_id}'s result.json lacks iterations "
-                f"{format_ranges(trial.missing_iterations)}, which it ran (Ray lost those rows; "
-                "tunekit.callbacks.ParquetLogger keeps every row)"
-            )
-    for trial in snapshot.trials:
-        start = trial.config.get("tunekit_warm_start")
-        if isinstance(start, dict) and start.get("checkpoint"):
-            how = "continuing its complete state" if start.get("mode") == "continue" else "its weights only"
-            print(f"note: {trial.trial_id} was warm-started from {start.get('checkpoint')} ({how})")
-    for trial in snapshot.trials:
-        for ckpt in trial.checkpoints:
-            if ckpt.unsupported:
-                print(f"note: {trial.trial_id}'s {ckpt.name} is unsupported: {ckpt.unsupported}")
-    if metric and mode:
-        best = snapshot.best_checkpoint(metric, mode)
-        if best is None:
-            print(f"no trial reported {metric!r}")
-        else:
-            for line in best.skipped:
-                print(f"note: passed over as best, it does not verify: {line}")
-            value = "-" if best.value is None else _short(best.value)
-            print(f"best trial for {metric} ({mode}): {best.trial_id} {metric}={value}")
-            if best.checkpoint is not None:
-                print(f"best checkpoint: {best.checkpoint.uri} (verified)")
-            else:
-                print("best checkpoint: none that verifies")
-    for problem in snapshot.problems:
-        print(f"damaged: {problem}")
-
-
 def _cmd_status(args: argparse.Namespace) -> int:
     from tunekit.snapshot import read_experiment, trial_checkpoint_bytes
 
@@ -181,7 +110,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                            best_value=best.value if best else None, best_skipped=list(best.skipped) if best else [])
         print(json.dumps(payload, indent=1, default=str))
     else:
-        _print_snapshot(snapshot, args.metric, args.mode)
+        print_snapshot(snapshot, args.metric, args.mode)
     if snapshot.damaged:
         print(f"tunekit status: {snapshot.location}: damaged: {'; '.join(snapshot.problems)}", file=sys.stderr)
         return 2
@@ -200,7 +129,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
             raise _UsageError("tunekit resume: --extend continues finished trials; it takes no --resume/--restart-errored")
         summary = extend_experiment(args.experiment, args.extend, trainable=args.trainable, cpus=args.cpus,
                                     address=args.address)
-        _print_snapshot(summary.after, None, None)
+        print_snapshot(summary.after, None, None)
         print(f"extended into {summary.experiment}: {format_counts(summary.after.counts())}")
         return 0 if summary.ok else 1
 
@@ -214,7 +143,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     )
     if not summary.ran:
         return 0
-    _print_snapshot(summary.after, None, None)
+    print_snapshot(summary.after, None, None)
     before, after = format_counts(summary.before), format_counts(summary.after.counts())
     where = f" into {summary.into}" if summary.into else ""
     print(f"resumed {summary.experiment}{where}: before {before}; now {after}")

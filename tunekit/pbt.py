@@ -37,7 +37,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
 from typing_extensions import override
 
-from tunekit import _env, record
+from tunekit import _env, _ray, record
 from tunekit._checks import integer_at_least
 from tunekit._ray import PBTWithDonorChoice
 from tunekit.errors import ConfigError
@@ -180,6 +180,8 @@ class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
                 return TrialScheduler.CONTINUE
             if decision == TrialScheduler.PAUSE and self._continues(trial):
                 return TrialScheduler.CONTINUE
+            if decision == TrialScheduler.PAUSE:  # its worker is let go after the pause's save: written by then
+                _ray.finish_next_save_in_place(trial)
             return decision
         finally:
             self._handling = None

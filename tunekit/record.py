@@ -41,8 +41,8 @@ from typing import Any, Iterable
 import pyarrow.fs as pafs
 
 
-__all__ = ["ExperimentRecorder", "RECORD_NAME", "driver_running", "finish", "json_safe", "observe", "read_record",
-           "trial_finished", "write_record"]
+__all__ = ["ExperimentRecorder", "RECORD_NAME", "driver_running", "finish", "interrupted_trials", "json_safe", "observe",
+           "read_record", "trial_finished", "write_record"]
 
 RECORD_NAME = "tunekit-experiment.json"
 FORMAT = "tunekit-experiment"
@@ -279,6 +279,19 @@ def finish(owner: Any, trials: Iterable[Any]) -> None:
         and (t.status != "TERMINATED" or not (t.last_result or {}).get("done")))
     entry[0].flush(force=True)
     del _RUNS[id(trials)]
+
+
+def interrupted_trials(fs: pafs.FileSystem, experiment_path: str, trials: list[Any]) -> list[str]:
+    """Trials (read-model ``TrialSnapshot``s) left unfinished by a run that stopped: none while the record's driver
+    runs, or without a record. Those Tune marked TERMINATED as the run stopped get the status INTERRUPTED."""
+    record, _ = read_record(fs, experiment_path)
+    if record is None or driver_running(record):
+        return []
+    named = set(record.get("interrupted") or [])
+    for trial in trials:
+        if trial.trial_id in named and trial.status == "TERMINATED":
+            trial.status = "INTERRUPTED"
+    return [t.trial_id for t in trials if t.status not in ("TERMINATED", "ERROR")]
 
 
 def trial_finished(trials: Iterable[Any], trial: Any) -> None:

@@ -29,7 +29,9 @@ from typing import Any, TextIO
 
 import pyarrow.fs as pafs
 
+from tunekit._pins import is_pinned
 from tunekit._trial_dir import damaged_name
+from tunekit.checkpoint import read_metadata, verify_checkpoint
 from tunekit.errors import ConfigError, ExperimentError
 from tunekit._connect import ray_for
 from tunekit._find_trainable import alias_moved_packages, find_trainable, import_trainable
@@ -37,7 +39,8 @@ from tunekit.record import read_record
 from tunekit._recovery import (
     callbacks_from, has_tuner_pickle, not_restored, parent_of, quiet, rebuild_tuner, run_beside, set_aside,
 )
-from tunekit.snapshot import CheckpointSummary, ExperimentSnapshot, TrialSnapshot, format_counts, read_experiment
+from tunekit.snapshot import (PBT_LOG, CheckpointSummary, ExperimentSnapshot, TrialSnapshot, format_counts,
+                              read_experiment)
 from tunekit.storage import Storage, resolve_storage
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "extend_experiment",
     "find_trainable",
     "import_trainable",
+    "keep_pbt_log",
     "newest_good",
     "resume_experiment",
 ]
@@ -139,9 +143,10 @@ def resume_experiment(
     if torn:
         print(rebuild_tuner(experiment, obj, record, record_problem, torn), file=out, flush=True)
     for trial in todo:
-        print(_continues_from(before, trial, experiment, restart=restart_errored and trial.status == "ERROR")[0],
-              file=out, flush=True)
+        print(_continues_from(before, trial, experiment, restart=restart_errored and trial.status == "ERROR",
+                              record=record)[0], file=out, flush=True)
     alias_moved_packages(experiment)
+    keep_pbt_log(experiment)
 
     from ray import tune
 
@@ -197,11 +202,15 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def _continues_from(snapshot: ExperimentSnapshot, trial: TrialSnapshot, experiment: Storage, *,
-                    restart: bool) -> tuple[str, CheckpointSummary | None]:
+                    restart: bool, record: dict[str, Any] | None = None) -> tuple[str, CheckpointSummary | None]:
     """One line: where an unfinished trial goes on from (damaged checkpoints named and kept); and that checkpoint."""
     if restart:
         return f"  {trial.trial_id} ({trial.status}): restarts from scratch (--restart-errored)", None
     good, damaged = newest_good(snapshot, trial)
+    pin = _registered_pin(experiment, trial, record)
+    if pin is not None and (good is None or (pin.iteration or 0) >= (good.iteration or 0)):
+        return (f"  {trial.trial_id} ({trial.status}): continues from {pin.name} (iteration {pin.iteration}: "
+                "the PBT donor's checkpoint it cloned, pinned)"), pin
     kept = [_preserve(experiment, trial, c) for c in trial.checkpoints
             if not snapshot.verdict(c)[0] and not c.unsupported]
     where = f"{good.name} (iteration {good.iteration})" if good else "the start (no checkpoint that verifies)"
@@ -211,6 +220,30 @@ def _continues_from(snapshot: ExperimentSnapshot, trial: TrialSnapshot, experime
     if kept:
         line += f"; damaged copies kept as {', '.join(posixpath.basename(k) for k in kept)}"
     return line, good
+
+
+def keep_pbt_log(experiment: Storage) -> None:
+    """Copy Ray's ``pbt_global.txt`` aside before a resume (Ray starts it anew): the PBT lineage survives."""
+    fs, source = experiment.filesystem, posixpath.join(experiment.path, PBT_LOG)
+    if fs.get_file_info(source).type != pafs.FileType.File:
+        return
+    taken = {i.base_name for i in fs.get_file_info(pafs.FileSelector(experiment.path))}
+    n = next(n for n in range(1, 10_000) if f"{PBT_LOG}.before-resume-{n:04d}" not in taken)
+    fs.copy_file(source, posixpath.join(experiment.path, f"{PBT_LOG}.before-resume-{n:04d}"))
+
+
+def _registered_pin(experiment: Storage, trial: TrialSnapshot, record: dict[str, Any] | None) -> CheckpointSummary | None:
+    """The PBT donor's pin Ray restores ``trial`` from (tunekit's record names it), if it is there and verifies."""
+    entry = next((t for t in (record or {}).get("trials") or [] if isinstance(t, dict)
+                  and t.get("trial_id") == trial.trial_id), {})
+    registered = entry.get("checkpoint")
+    if not isinstance(registered, str) or not is_pinned(registered):
+        return None
+    where = experiment.join(*registered.split("/"))
+    if not verify_checkpoint(where).ok:
+        return None
+    meta = read_metadata(where)
+    return CheckpointSummary(registered, where.uri, meta.get("iteration"), dict(meta.get("metrics") or {}), tunekit=True)
 
 
 def extend_experiment(
@@ -317,7 +350,8 @@ def _resume_from_record(experiment: Storage, before: ExperimentSnapshot, record:
                                   "whole; cannot continue it")
         config = {k: v for k, v in config.items() if k != WARM_START_KEY}
         if trial is not None:
-            line, good = _continues_from(before, trial, experiment, restart=restart_errored and status == "ERROR")
+            line, good = _continues_from(before, trial, experiment, restart=restart_errored and status == "ERROR",
+                                         record=record)
         else:
             line, good = f"  {trial_id} ({status}): starts (it never did), with its recorded config", None
         if good is not None and good.iteration is not None:

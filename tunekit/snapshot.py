@@ -35,25 +35,19 @@ from tunekit.checkpoint import METADATA_FILE as METADATA_NAME
 from tunekit.checkpoint import read_metadata, unsupported_format
 from tunekit.errors import CheckpointError
 from tunekit.experiment_dir import TrialDir, checkpoint_bytes, find_trials
+from tunekit.record import interrupted_trials
 from tunekit.results import dedupe_lineage, lost_iterations, parse_result_lines, read_text
 from tunekit._pickles import tuner_pickle_problem
 from tunekit.storage import Storage, resolve_storage
 
-from tunekit._snapshot_model import (
-    RAY_KEYS,
-    BestCheckpoint,
-    CheckpointSummary,
-    ExperimentSnapshot,
-    Exploit,
-    TrialSnapshot,
-    format_counts,
-    ranked,
-)
+from tunekit._snapshot_model import (RAY_KEYS, BestCheckpoint, CheckpointSummary, ExperimentSnapshot, Exploit,
+                                     TrialSnapshot, format_counts, ranked)
 __all__ = [
     "BestCheckpoint",
     "CheckpointSummary",
     "ExperimentSnapshot",
     "Exploit",
+    "PBT_LOG",
     "RAY_KEYS",
     "TrialSnapshot",
     "error_message",
@@ -66,7 +60,7 @@ __all__ = [
     "trial_tags",
 ]
 
-_PICKLED = "CLOUDPICKLE_FALLBACK"
+_PICKLED, PBT_LOG = "CLOUDPICKLE_FALLBACK", "pbt_global.txt"  # (PBT_LOG: Ray's log of PBT exploits)
 
 
 def _clean(value: Any) -> Any:
@@ -233,15 +227,20 @@ def _tag(trial: dict[str, Any], dir_name: str) -> str | None:
 
 
 def read_exploits(experiment: Storage, tags: dict[str, str]) -> list[Exploit]:
-    """The exploits in Ray's ``pbt_global.txt`` (none if there is no such file).
+    """The exploits in Ray's ``pbt_global.txt`` and the copies ``tunekit resume`` kept of it (Ray starts the
+    file anew in a resumed run), each line once; none if there is no such file.
 
     Args:
         tags: A trial's experiment tag (``"3_lr=0.01"``, or its index ``"3"``)
             to its trial id; a tag not in it stays as logged.
     """
-    text = read_text(experiment.filesystem, posixpath.join(experiment.path, "pbt_global.txt")) or ""
+    names = sorted(i.base_name for i in experiment.filesystem.get_file_info(pafs.FileSelector(experiment.path))
+                   if i.base_name.startswith(f"{PBT_LOG}.before-resume-")) + [PBT_LOG]
+    lines = dict.fromkeys(line for name in names
+                          for line in (read_text(experiment.filesystem, posixpath.join(experiment.path, name))
+                                       or "").splitlines())
     out = []
-    for line in text.splitlines():
+    for line in lines:
         try:
             target, source, target_iter, source_iter, source_config, new_config = json.loads(line)
             record = Exploit(
@@ -380,6 +379,7 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
         start_time = min(numbers) if numbers else None
     trials.sort(key=lambda t: t.trial_id)
     exploits = read_exploits(experiment, trial_tags(trials))
+    interrupted = interrupted_trials(experiment.filesystem, experiment.path, trials)
     for t in trials:
         t.missing_iterations = lost_iterations(
             [r.get("training_iteration") for r in t.results],
@@ -396,5 +396,5 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
         exploits=exploits,
         damaged_state_files=damaged_states,
         tuner_pickle_damage=pickle_damage,
+        interrupted=interrupted,
     )
-

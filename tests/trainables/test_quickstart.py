@@ -104,3 +104,47 @@ def test_quickstart_refuses_existing_experiment(ray_session, storage, capsys):
     assert main(["quickstart", "--storage-path", str(storage), "--name", "taken"]) == 2
     assert "already exists" in capsys.readouterr().err
     assert (storage / "taken" / "precious.txt").read_text() == "x"
+
+
+def test_ctrl_c_during_quickstart_is_shown_as_interrupted_and_resume_finishes_it(storage, tmp_path, capsys):
+    """Ctrl-C in the middle of a real quickstart: the summary, tunekit's record and `status` say interrupted and
+    name `tunekit resume`; the resume runs every trial to the end."""
+    import signal
+
+    from tunekit.analysis import load_results
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_AUTH_MODE", "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "RAY_ADDRESS")}
+    iterations = 3000
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tunekit.cli", "quickstart", "--num-samples", "2", "--max-iterations", str(iterations),
+         "--cpus", "2", "--storage-path", str(storage), "--name", "qs"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    seen = []
+    for line in proc.stdout:  # Ctrl-C once the sweep runs: its first progress line
+        seen.append(line)
+        if re.match(r"^\[ *[0-9.]+s\] ", line):
+            break
+    proc.send_signal(signal.SIGINT)
+    out = "".join(seen) + proc.communicate(timeout=600)[0]
+    experiment = storage / "qs"
+    assert proc.returncode == 1, out[-3000:]
+    rows = [line.split() for line in out.splitlines() if re.match(r"^\*? *[0-9a-f]{5}_\d{5}\s", line)]
+    assert rows and all(row[-1] == "INTERRUPTED" for row in rows), out[-3000:]
+    assert f"trial(s) did not finish; `tunekit resume {experiment}` continues them" in out
+    assert "finished in" not in out
+    record = json.loads((experiment / "tunekit-experiment.json").read_text())
+    assert record["ended"] and {t["status"] for t in record["trials"]} == {"INTERRUPTED"}
+    capsys.readouterr()
+    assert main(["status", str(experiment)]) == 0
+    assert "interrupted: the run stopped before 2 trial(s) finished" in capsys.readouterr().out
+
+    resumed = subprocess.run([sys.executable, "-m", "tunekit.cli", "resume", str(experiment), "--cpus", "2"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    assert main(["status", str(experiment)]) == 0
+    shown = capsys.readouterr().out
+    assert "interrupted:" not in shown and "2 trials: 2 TERMINATED" in shown
+    df = load_results(str(experiment))
+    assert all(n >= iterations for n in df.groupby("trial_id")["training_iteration"].max())  # (an exploit: +1)

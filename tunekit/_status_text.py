@@ -1,0 +1,87 @@
+"""What ``tunekit status`` (and ``resume``) print for an experiment: the trials, notes, the best checkpoint, damage.
+
+Rendering only: the decisions live in the read model (:mod:`tunekit.snapshot`). Imports neither Ray nor torch.
+
+Tested in ``tests/tunekit/test_snapshot.py`` and ``tests/tunekit/test_readers_truth.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["print_snapshot"]
+
+
+def _short(value: Any, width: int = 12) -> str:
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= width else text[: width - 1] + "~"
+
+
+def print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None:
+    import time as _time
+
+    from tunekit.results import format_ranges
+    from tunekit.snapshot import format_counts, trial_checkpoint_bytes
+    from tunekit.table import format_bytes, format_table
+
+    started = (
+        _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(snapshot.start_time))
+        if snapshot.start_time
+        else "unknown"
+    )
+    counts = format_counts(snapshot.counts()) or "no trials"
+    print(f"experiment {snapshot.name} at {snapshot.location}")
+    print(f"started {started}; state file {snapshot.state_file or 'none'}; {len(snapshot.trials)} trials: {counts}")
+    keys: list[str] = []
+    for trial in snapshot.trials:
+        for key, value in trial.config.items():
+            if key not in keys and not isinstance(value, (dict, list)):
+                keys.append(key)
+    varying = [k for k in keys if len({repr(t.config.get(k)) for t in snapshot.trials}) > 1][:5]
+    headers = ["trial_id", "status", "iter", *( [metric] if metric else []), *varying, "ckpts", "ckpt size", "error"]
+    sizes = trial_checkpoint_bytes(snapshot)
+    rows = []
+    for trial in snapshot.trials:
+        row = [trial.trial_id, trial.status, str(trial.iterations)]
+        if metric:
+            value = trial.metric(metric)
+            row.append("-" if value is None else _short(value))
+        row += [_short(trial.config.get(k, "-")) for k in varying]
+        row += [str(len(trial.checkpoints)), format_bytes(sizes[trial.trial_id]), _short(trial.error or "", 60)]
+        rows.append(row)
+    print(format_table(headers, rows))
+    print(f"checkpoints: {sum(len(t.checkpoints) for t in snapshot.trials)}, {format_bytes(sum(sizes.values()))}")
+    for trial in snapshot.trials:
+        if trial.missing_iterations:
+            print(
+                f"note: {trial.trial_id}'s result.json lacks iterations "
+                f"{format_ranges(trial.missing_iterations)}, which it ran (Ray lost those rows; "
+                "tunekit.callbacks.ParquetLogger keeps every row)"
+            )
+    for trial in snapshot.trials:
+        start = trial.config.get("tunekit_warm_start")
+        if isinstance(start, dict) and start.get("checkpoint"):
+            how = "continuing its complete state" if start.get("mode") == "continue" else "its weights only"
+            print(f"note: {trial.trial_id} was warm-started from {start.get('checkpoint')} ({how})")
+    for trial in snapshot.trials:
+        for ckpt in trial.checkpoints:
+            if ckpt.unsupported:
+                print(f"note: {trial.trial_id}'s {ckpt.name} is unsupported: {ckpt.unsupported}")
+    if metric and mode:
+        best = snapshot.best_checkpoint(metric, mode)
+        if best is None:
+            print(f"no trial reported {metric!r}")
+        else:
+            for line in best.skipped:
+                print(f"note: passed over as best, it does not verify: {line}")
+            value = "-" if best.value is None else _short(best.value)
+            print(f"best trial for {metric} ({mode}): {best.trial_id} {metric}={value}")
+            if best.checkpoint is not None:
+                print(f"best checkpoint: {best.checkpoint.uri} (verified)")
+            else:
+                print("best checkpoint: none that verifies")
+    if snapshot.interrupted:
+        print(f"interrupted: the run stopped before {len(snapshot.interrupted)} trial(s) finished (Ctrl-C, SIGTERM or "
+              f"a killed driver); `tunekit resume {snapshot.location}` continues them")
+    for problem in snapshot.problems:
+        print(f"damaged: {problem}")
