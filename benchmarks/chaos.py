@@ -13,7 +13,9 @@ every iteration once in ``load_results``, ``tunekit verify`` and ``tunekit statu
 Scenarios: ``one`` (one trial, no scheduler), ``pbt`` (``pbt_setup``, actor reuse, plus
 ``KeepCheckpoints(trial_latest=1)``), ``pbt_function`` (the same with a function trainable),
 ``noreuse`` (``pbt_setup`` with ``reuse_actors=False``), ``ray_pbt`` (Ray's own
-``PopulationBasedTraining`` with actor reuse).
+``PopulationBasedTraining`` with actor reuse), ``s3`` (``pbt`` on an S3 server, moto's, on 127.0.0.1: a save
+is written and uploaded before it returns, so there is no write in flight to aim at; its workers are
+killed at random, at exponential intervals of mean ``--mean-s``).
 
     python benchmarks/chaos.py --runs 5                     # the whole matrix
     python benchmarks/chaos.py --scenarios pbt --runs 2     # one scenario
@@ -35,7 +37,7 @@ import torch  # noqa: E402
 
 from tunekit import FunctionSession, TorchTrainable, TrainingState, function_trainable  # noqa: E402
 
-SCENARIOS = ("one", "pbt", "pbt_function", "noreuse", "ray_pbt")
+SCENARIOS = ("one", "pbt", "pbt_function", "noreuse", "ray_pbt", "s3")
 
 
 def _build(config: dict[str, Any], device: Any = "cpu") -> TrainingState:
@@ -89,7 +91,7 @@ def _run(scenario: str, storage: str, name: str, *, width: int, iterations: int,
     callbacks: list[Any] = [ParquetLogger()]
     checkpoint = tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1, checkpoint_at_end=True)
     tune_config: dict[str, Any] = {}
-    if scenario in ("pbt", "pbt_function", "noreuse"):
+    if scenario in ("pbt", "pbt_function", "noreuse", "s3"):
         setup = pbt_setup(trainable, metric="loss", mode="min", perturbation_interval=2,
                           mutations={"lr": [0.005, 0.01, 0.02]}, num_to_keep=1)
         tune_config = setup.tune_config_kwargs()
@@ -111,7 +113,8 @@ def _run(scenario: str, storage: str, name: str, *, width: int, iterations: int,
                                       checkpoint_config=checkpoint, callbacks=callbacks,
                                       failure_config=tune.FailureConfig(max_failures=20), verbose=0),
         ).fit()
-    return grid, os.path.join(storage, name)
+    base, sep, query = storage.partition("?")
+    return grid, f"{base.rstrip('/')}/{name}{sep}{query}"
 
 
 class _Nothing:
@@ -124,6 +127,27 @@ class _Nothing:
         pass
 
 
+def _s3_server() -> Any:
+    """moto's S3 server on 127.0.0.1 (fake credentials), and a function: run name -> a fresh bucket's URI."""
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    os.environ.update(AWS_ACCESS_KEY_ID="chaos", AWS_SECRET_ACCESS_KEY="chaos", AWS_EC2_METADATA_DISABLED="true")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+
+    def bucket(name: str) -> str:
+        client.create_bucket(Bucket=name)
+        return f"s3://{name}/runs?endpoint_override={endpoint}&region=us-east-1"
+
+    return bucket
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
@@ -132,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writes", type=float, default=0.35, help="fraction of the writes seen whose writer is killed")
     parser.add_argument("--mb", type=float, default=55.0, help="MB of weights (checkpoints are twice that)")
     parser.add_argument("--iterations", type=int, default=12)
+    parser.add_argument("--mean-s", type=float, default=4.0, help="s3: mean seconds between random worker kills")
     args = parser.parse_args(argv)
     import ray
 
@@ -139,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     from tunekit import read_state
 
     width = max(8, int(args.mb * 1e6 / 4 / (2 * 256)))
+    s3 = _s3_server() if "s3" in args.scenarios.split(",") else None  # before Ray: workers inherit the credentials
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     print(f"chaos: {args.mb:.0f} MB of weights (width {width}), {args.iterations} iterations, a checkpoint each, "
           f"num_to_keep=1, max_failures=20; up to {args.kills} kills a run, {args.writes:.0%} of writes", flush=True)
@@ -154,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
                 reference = {0: read_state(grid[0].checkpoint)}
         ok_runs, inside, phases, violations_all = 0, 0, {}, []
         for run in range(args.runs):
-            with tempfile.TemporaryDirectory() as storage:
-                injector = Injector(storage, writes=args.writes, max_kills=args.kills, seed=run)
+            with tempfile.TemporaryDirectory() as local:
+                storage = s3(f"{scenario}-{run}") if scenario == "s3" else local
+                injector = Injector(local, writes=args.writes, max_kills=args.kills, seed=run, trainable="Wide",
+                                    mean_interval_s=args.mean_s if scenario == "s3" else None)
                 start = time.monotonic()
                 grid, experiment = _run(scenario, storage, f"{scenario}-{run}", width=width,
                                         iterations=args.iterations, injector=injector)

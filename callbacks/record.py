@@ -28,19 +28,30 @@ class TunekitCallback(tune.Callback):
         """The keyword arguments that rebuild this callback (None: it cannot be rebuilt from the record)."""
         return None
 
+    #: The run's trial scheduler (found at setup; None outside a run).
+    _scheduler: Any = None
+
     @override
     def setup(self, **info: Any) -> None:
         _env.check_all()  # a bad TUNEKIT_* value stops the run before it starts, in one line
         self._record_info = {k: info.get(k) for k in ("stop", "num_samples", "total_num_samples")}
+        self._scheduler = _ray.calling_scheduler()
 
     @override
     def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
         record.observe(self, trials, info=getattr(self, "_record_info", None))
 
     @override
+    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        _ray.synchronous_saves(trial, self._scheduler)  # under Ray's own PBT only
+
+    @override
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any],
                         **info: Any) -> None:
-        if result.get("done"):  # Tune ends the trial: its last save completes before the worker is let go
+        # Tune ends the trial: its last save completes before its worker is let go (stopped, or cached and
+        # handed to another trial; a death then is reported twice and errors that other trial). A pause:
+        # tunekit's PBT scheduler says so itself; under Ray's own PBT every save does (``on_trial_start``).
+        if result.get("done"):
             _ray.finish_next_save_in_place(trial)
 
     @override

@@ -88,10 +88,6 @@ class KeepCheckpoints(TunekitCallback):
         return {"experiment_best": p.experiment_best, "trial_best": p.trial_best, "trial_latest": p.trial_latest,
                 "metric": p.metric, "mode": p.mode, "max_bytes": self.max_bytes}
 
-    @override
-    def setup(self, **info: Any) -> None:
-        super().setup(**info)
-        self._scheduler = _ray.calling_scheduler()
 
     @override
     def on_checkpoint(self, iteration: int, trials: list[Trial], trial: Trial, checkpoint: tune.Checkpoint,

@@ -163,6 +163,12 @@ class TrialCheckpointer:
         self._temps: list[str] = []
         #: The next save completes its write before it returns (Tune is ending the trial: :meth:`sync_next_save`).
         self._sync_next = False
+        #: Every save does (Ray's own PBT, which may pause a trial with its own save: :meth:`sync_saves`).
+        self._sync_all = False
+
+    def sync_saves(self) -> None:
+        """Every save returns once its checkpoint is written (see :func:`tunekit._ray.synchronous_saves`)."""
+        self._sync_all = True
 
     def sync_next_save(self) -> None:
         """The next save returns once its checkpoint is written (the trial's last: see
@@ -205,7 +211,7 @@ class TrialCheckpointer:
             result = fallback(checkpoint_dir)
             confirm_remote_upload(result)
         self._last = (iteration, result)
-        if self._sync_next:
+        if self._sync_next or self._sync_all:
             self._sync_next = False
             self.wait()
         return result

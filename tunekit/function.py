@@ -54,7 +54,7 @@ from tunekit import _ray
 from tunekit._checkpointer import TrialCheckpointer, TrialContent
 from tunekit._restoring import raise_failed_clone
 from tunekit._pins import unpinned
-from tunekit.errors import ConfigError, ConfigTypeError
+from tunekit.errors import CheckpointError, ConfigError, ConfigTypeError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.state import TrainingState
 
@@ -230,6 +230,7 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
 
     @override
     def save(self, checkpoint_dir: str | None = None) -> Any:
+        self._finish_reset()
         reported = _ray.last_reported(self)
         if reported is not None and reported.checkpoint is not None:
             reported.metrics.update(_ray.last_result(self))  # the training code's own checkpoint
@@ -250,6 +251,10 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
             if not checkpoint_dir and _ray.trainable_storage(self):
                 shutil.rmtree(directory, ignore_errors=True)
 
+    def tunekit_sync_saves(self) -> None:
+        """Every save of this worker completes its write before it returns (Ray's own PBT: see ``tunekit._ray``)."""
+        self.checkpointer.sync_saves()
+
     def tunekit_sync_next_save(self) -> None:
         """Tune is ending this trial: its last save completes before it returns (see ``TrialCheckpointer``)."""
         self.checkpointer.sync_next_save()
@@ -261,10 +266,12 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
     @override
     def train(self) -> dict[str, Any]:
         raise_failed_clone(self)
+        self._finish_reset()
         return super().train()
 
     @override
     def restore(self, checkpoint_path: Any) -> None:
+        self._finish_reset()
         # Verified (falling back to the trial's newest good checkpoint) and
         # local; the session loads it when the training function starts.
         self.checkpointer.restore(checkpoint_path, load=self._hand_to_session,
@@ -276,18 +283,29 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
 
     @override
     def cleanup(self) -> None:
+        self.__dict__.pop("_deferred_reset", None)
         _ray.function_runner_cleanup(self)
         self.checkpointer.close()
 
     @override
     def reset_config(self, new_config: dict[str, Any]) -> bool:
-        # The training function runs again from the start on the new config;
-        # objects it declared with tunekit.reusable() stay if their keys match.
-        # The previous trial's checkpoint write completes first.
+        # The training function runs again from the start on the new config; objects it declared with
+        # tunekit.reusable() stay if their keys match. Ray's reset of its function runner (it stops the
+        # previous trial's thread) is deferred to the new trial's first call, and the previous trial's write
+        # in flight is not waited for: Tune's ``reset`` returns at once (a worker that dies while Tune waits
+        # for it errors the trial being started; see ``TorchTrainable.reset_config``).
         self.checkpointer.reset()
         self._session = None
         _ray.clear_last_reported(self)
-        return _ray.function_runner_reset(self, new_config)
+        self.__dict__["_deferred_reset"] = new_config
+        return True
+
+    def _finish_reset(self) -> None:
+        """Reset Ray's function runner for the config a reset deferred (nothing when there is none)."""
+        config = self.__dict__.pop("_deferred_reset", None)
+        if config is not None and not _ray.function_runner_reset(self, config):
+            raise CheckpointError(f"{type(self).__name__}: the previous trial's training function did not stop "
+                                  "within TUNE_FUNCTION_THREAD_TIMEOUT_S seconds; this worker cannot take a new trial")
 
 
 _INTEGRATIONS = ("tunekit.integrations.lightning", "tunekit.integrations.transformers")

@@ -146,6 +146,13 @@ class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
     _handling: tuple[Any, Trial, float] | None = None
     _decided: bool | None = None
 
+    @override
+    def pauses(self, tune_controller: Any, trial: Trial) -> bool:
+        if self.synch:
+            return True  # synchronous PBT pauses every trial at a perturbation until the slowest is there
+        others = [t for t in tune_controller.get_trials() if t is not trial]
+        return any(t.status in (Trial.PENDING, Trial.PAUSED) for t in others) and not self._continues(trial)
+
     def _continues(self, trial: Trial) -> bool:
         if self._handling is None or self._handling[1] is not trial:
             return False

@@ -200,6 +200,10 @@ class TorchTrainable(tune.Trainable):
         self._init_state(self.config)
         _ray.set_restored(self, {})
 
+    def tunekit_sync_saves(self) -> None:
+        """Every save of this worker completes its write before it returns (Ray's own PBT: see ``tunekit._ray``)."""
+        self._checkpointer.sync_saves()
+
     def tunekit_sync_next_save(self) -> None:
         """Tune is ending this trial: its last save completes before it returns (see ``TrialCheckpointer``)."""
         self._checkpointer.sync_next_save()

@@ -141,6 +141,8 @@ class Injector:
         return out
 
     def _kill_writer(self, staging: str, pid: int) -> None:
+        if not os.path.isdir(staging):
+            return  # the write is over: this injector kills inside writes only (random kills: mean_interval_s)
         if not _sigkill(pid):
             return
         parent, name = os.path.split(staging)
@@ -205,6 +207,8 @@ def invariant_violations(experiment: str, grid: Any = None, *, reference: dict[s
     for trial in snap.trials:
         if trial.status != "TERMINATED":
             out.append(f"{trial.trial_id} ended {trial.status}: {trial.error}")
+        if "://" in experiment:
+            continue  # two-phase writes, and what they leave, are local only
         where = os.path.join(experiment, trial.name)
         for name, kind in leftovers_of(where):
             if kind in ("interrupted", "writing"):

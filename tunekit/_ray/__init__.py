@@ -73,6 +73,7 @@ from tunekit._ray.pbt import (
     finish_next_save_in_place,
     pin_donor_checkpoint,
     supports_clone,
+    synchronous_saves,
 )
 from tunekit._ray.retention import (
     calling_scheduler,
@@ -118,6 +119,7 @@ __all__ = [
     "set_restored",
     "storage_context",
     "supports_clone",
+    "synchronous_saves",
     "trainable_storage",
     "trial_filesystem",
 ]

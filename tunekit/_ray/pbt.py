@@ -22,7 +22,14 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining
 from typing_extensions import override
 
-__all__ = ["PBTWithDonorChoice", "clone_in_place", "finish_next_save_in_place", "pin_donor_checkpoint", "supports_clone"]
+__all__ = [
+    "PBTWithDonorChoice",
+    "clone_in_place",
+    "finish_next_save_in_place",
+    "pin_donor_checkpoint",
+    "supports_clone",
+    "synchronous_saves",
+]
 
 
 # -- PBT -------------------------------------------------------------------------
@@ -86,6 +93,17 @@ def finish_next_save_in_place(trial: Any) -> None:
         actor.tunekit_sync_next_save.remote()
 
 
+def synchronous_saves(trial: Any, scheduler: Any) -> None:
+    """Under Ray's own ``PopulationBasedTraining`` (not tunekit's): every save of the trial's worker completes its
+    write before it returns (``tunekit_sync_saves``). Ray's PBT saves a trial it is about to pause inside its own
+    result handling and lets the worker go once that save returns; no hook comes before that save to ask for
+    it alone (tunekit's scheduler asks, see :meth:`PBTWithDonorChoice.pauses`)."""
+    if isinstance(scheduler, PopulationBasedTraining) and not isinstance(scheduler, PBTWithDonorChoice):
+        actor = trial.temporary_state.ray_actor
+        if actor is not None and supports_clone(trial):
+            actor.tunekit_sync_saves.remote()
+
+
 class PBTWithDonorChoice(PopulationBasedTraining):
     """Ray's PBT with public hooks for whom a trial may clone and how it is cloned.
 
@@ -107,6 +125,11 @@ class PBTWithDonorChoice(PopulationBasedTraining):
         """Whether to clone the donor into ``trial`` in its running worker (default: Ray's pause)."""
         return False
 
+    def pauses(self, tune_controller: Any, trial: Any) -> bool:
+        """Whether the result being handled pauses ``trial`` (asked before Ray's PBT saves it, so that the save
+        completes its write before the trial's worker is let go: :func:`finish_next_save_in_place`)."""
+        return False
+
     def last_scored_time(self, trial: Any) -> float:
         """The ``time_attr`` of the trial's last score PBT recorded."""
         return self._trial_state[trial].last_train_time
@@ -118,6 +141,8 @@ class PBTWithDonorChoice(PopulationBasedTraining):
         if trial in lower:
             for donor in upper:
                 self._paused_donor_checkpoint(donor)
+        if trial.status == Trial.RUNNING and self.pauses(tune_controller, trial):
+            finish_next_save_in_place(trial)  # ahead of the save Ray's PBT may ask for here
         super()._checkpoint_or_exploit(trial, tune_controller, upper, lower)
 
     def _paused_donor_checkpoint(self, donor: Any) -> None:
