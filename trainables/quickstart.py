@@ -30,9 +30,10 @@ class QuickstartSummary:
 
     experiment_path: str
     rows: list[dict[str, Any]]
-    best_trial_id: str
-    best_accuracy: float
-    best_checkpoint: str
+    #: The best checkpoint's trial, accuracy, URI and iteration (None: interrupted before any checkpoint).
+    best_trial_id: str | None
+    best_accuracy: float | None
+    best_checkpoint: str | None
     best_iteration: int | None
     wall_s: float
 
@@ -181,7 +182,9 @@ def _summarize(experiment: Any, wall: float, out: TextIO) -> QuickstartSummary:
     snapshot = read_experiment(experiment)
     best = snapshot.best_checkpoint(METRIC, "max")
     if best is None or best.checkpoint is None or best.value is None:
-        raise ConfigError(f"quickstart: no checkpoint of {experiment.uri} recorded {METRIC!r}")
+        if not snapshot.interrupted:
+            raise ConfigError(f"quickstart: no checkpoint of {experiment.uri} recorded {METRIC!r}")
+        best = None  # interrupted before any checkpoint
     rows = []
     for trial in snapshot.trials:  # one truth: the experiment's files, as `tunekit status` reads them
         metrics, trial_id = trial.last_result or {}, trial.trial_id
@@ -195,27 +198,27 @@ def _summarize(experiment: Any, wall: float, out: TextIO) -> QuickstartSummary:
                 "best_checkpoint_accuracy": own.metrics.get(METRIC) if own is not None else None,
                 "iterations": trial.iterations,
                 "state": "INTERRUPTED" if trial_id in snapshot.interrupted else trial.status,
-                "best": trial_id == best.trial_id,
+                "best": best is not None and trial_id == best.trial_id,
             }
         )
     summary = QuickstartSummary(
         experiment_path=experiment.uri,
         rows=rows,
-        best_trial_id=best.trial_id,
-        best_accuracy=best.value,
-        best_checkpoint=best.checkpoint.uri,
-        best_iteration=best.checkpoint.iteration,
+        best_trial_id=best.trial_id if best else None,
+        best_accuracy=best.value if best else None,
+        best_checkpoint=best.checkpoint.uri if best and best.checkpoint else None,
+        best_iteration=best.checkpoint.iteration if best and best.checkpoint else None,
         wall_s=wall,
     )
     print("", file=out)
     print(_format_table(rows), file=out)
     print("", file=out)
-    print(
-        f"best trial: {summary.best_trial_id} (its checkpoint at iteration {summary.best_iteration}: "
-        f"accuracy {summary.best_accuracy:.4f})",
-        file=out,
-    )
-    print(f"best checkpoint: {summary.best_checkpoint}", file=out)
+    if best is not None:
+        print(f"best trial: {summary.best_trial_id} (its checkpoint at iteration {summary.best_iteration}: "
+              f"accuracy {summary.best_accuracy:.4f})", file=out)
+        print(f"best checkpoint: {summary.best_checkpoint}", file=out)
+    else:
+        print("best checkpoint: none yet (the run stopped before the first checkpoint)", file=out)
     if snapshot.interrupted:
         print(f"interrupted after {wall:.1f}s: {len(snapshot.interrupted)} trial(s) did not finish; "
               f"`tunekit resume {summary.experiment_path}` continues them", file=out)
