@@ -47,7 +47,8 @@ from ray import tune
 from tunekit._ray import TrainingResult
 from tunekit._announced import is_announced_only, registered_unwritten
 from tunekit._pins import adopt_pin, adopted_pin, is_pinned, remove_pin
-from tunekit._trial_dir import CHECKPOINT_DIR, KEPT_COPY, await_write, checkpoint_name_of, staging_dirs, writer_alive
+from tunekit._trial_dir import (CHECKPOINT_DIR, KEPT_COPY, await_write, checkpoint_name_of, link_tree, staging_dirs,
+                                writer_alive)
 from tunekit._manifest import MISSING, NOT_WRITTEN
 from tunekit.checkpoint import (
     MANIFEST_FILE,
@@ -147,14 +148,12 @@ def local_request(checkpoint: Any) -> TrainingResult | None:
 def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[TrainingResult | None, list[str]]:
     """Resolve what Tune asked to restore into a good, local checkpoint.
 
-    ``trial_dir``: the restoring trial's own local directory. A checkpoint in
-    it that was announced but never completed, because its writer died during
-    the trial's first two-phase save (nothing complete before it), means
-    "start afresh": the result is then None.
+    ``trial_dir``: the restoring trial's own local directory. A checkpoint in it announced but never
+    completed by the trial's first two-phase save (nothing complete before it) means "start afresh": None.
 
-    A pinned donor checkpoint (a PBT clone's, :func:`tunekit._pins.pin_checkpoint`)
-    is read once: its local copy is one of the temporary directories, and a
-    remote one is deleted once downloaded.
+    A local PBT donor's pin is adopted by the trial (:func:`_release_pin`);
+    a remote one is deleted once downloaded. An announced checkpoint whose
+    write died gets the files of the one the trial goes on from instead.
 
     Returns:
         The result to restore (its checkpoint local and verified), or None to
@@ -182,13 +181,15 @@ def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[T
         # A checkpoint deleted meanwhile (Ray keeps only ``num_to_keep``; a PBT
         # donor may have moved on) is replaced by the trial's newest good one;
         # a damaged one by the newest good one before it.
-        # Announced and never written (an empty directory) counts as missing: what it would have held is
-        # newer than anything the trial has, so any good checkpoint of the trial may stand in for it.
+        # Announced and never written (empty) counts as missing: any good checkpoint of the trial may stand in.
         missing = report.problems in ([MISSING], [NOT_WRITTEN])
-        if report.problems == [NOT_WRITTEN] and isinstance(requested.checkpoint.filesystem, pafs.LocalFileSystem):
-            registered_unwritten(requested.checkpoint.path)  # Ray registered it: its retention deletes it
+        announced = report.problems == [NOT_WRITTEN] and isinstance(requested.checkpoint.filesystem, pafs.LocalFileSystem)
+        if announced:
+            registered_unwritten(requested.checkpoint.path)  # Ray registered it: tunekit never removes it
         instead = _fall_back(requested, report, temps, newer_too=missing)
         if instead is not None:
+            if announced:  # what Ray registered gets the state the trial goes on from
+                _stand_in(requested.checkpoint.path, instead.checkpoint.path)
             return instead, temps
         if missing and _first_write_interrupted(requested.checkpoint, trial_dir):
             logger.warning(
@@ -251,6 +252,21 @@ def _first_write_interrupted(checkpoint: tune.Checkpoint, trial_dir: str | None)
     if any(writers):
         return False
     return bool(writers) or is_announced_only(checkpoint.path)
+
+
+def _stand_in(announced: str, source: str) -> None:
+    """Ray registered ``announced`` (it asked to restore it) but its write never completed: it gets the files of
+    ``source``, the checkpoint the trial goes on from instead (hard links), so that what Ray names exists and
+    verifies. It holds ``source``'s iteration (its ``tunekit.json`` says which)."""
+    parent = os.path.dirname(os.path.normpath(announced))
+    if os.path.dirname(os.path.normpath(source)) != parent:
+        return  # not the same trial's
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(announced)}.standin-", dir=parent)
+    try:
+        link_tree(source, staging)
+        os.rename(staging, announced)  # onto the empty directory: atomic
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _release_pin(checkpoint: tune.Checkpoint, temps: list[str], trial_dir: str | None) -> None:

@@ -229,7 +229,7 @@ def tidy(parent: str, completed: int) -> None:
     for name, path in names:
         kept = KEPT_COPY.match(name)
         staging = STAGING.match(name)
-        if (kept and int(kept[1]) < completed) or ".keeping-" in name or (
+        if (kept and int(kept[1]) < completed) or ".keeping-" in name or ".standin-" in name or (
             staging and not writer_alive(staging["host"], int(staging["pid"] or 0))
         ):
             shutil.rmtree(path, ignore_errors=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import torch
 
-from tunekit import read_state, verify_checkpoint, write_checkpoint
+from tunekit import read_metadata, read_state, verify_checkpoint, write_checkpoint
 from tunekit._restoring import prepare_restore, remove_temps
 from tunekit._announced import INDEX_FILE, announce, claim_index
 from tunekit._pins import PIN_RECORD, pin_checkpoint
@@ -220,7 +220,10 @@ def test_an_announced_checkpoint_whose_writer_died_is_missing_for_a_restore(tmp_
     assert result is None  # its first write never completed: afresh, as without a checkpoint
     write_checkpoint(trial / "checkpoint_000001", {"w": torch.ones(3)}, metadata={"iteration": 3})
     _interrupted(trial / f"checkpoint_{claim_index(str(trial), 0):06d}")
-    result, _ = prepare_restore(str(trial / "checkpoint_000002"), trial_dir=str(trial))
-    assert Path(result.checkpoint.path).name == "checkpoint_000001"
     report = verify_checkpoint(str(trial / "checkpoint_000002"))
     assert report.status == "incomplete" and "announced" in report.problems[0]
+    result, _ = prepare_restore(str(trial / "checkpoint_000002"), trial_dir=str(trial))
+    assert Path(result.checkpoint.path).name == "checkpoint_000001"
+    # What Ray registered and asked for now holds the state the trial goes on from: it exists and verifies.
+    assert verify_checkpoint(str(trial / "checkpoint_000002")).ok
+    assert read_metadata(str(trial / "checkpoint_000002"))["iteration"] == 3
