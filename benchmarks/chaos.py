@@ -15,17 +15,25 @@ Scenarios: ``one`` (one trial, no scheduler), ``pbt`` (``pbt_setup``, actor reus
 ``noreuse`` (``pbt_setup`` with ``reuse_actors=False``), ``ray_pbt`` (Ray's own
 ``PopulationBasedTraining`` with actor reuse), ``s3`` (``pbt`` on an S3 server, moto's, on 127.0.0.1: a save
 is written and uploaded before it returns, so there is no write in flight to aim at; its workers are
-killed at random, at exponential intervals of mean ``--mean-s``).
+killed at random, at exponential intervals of mean ``--mean-s``), ``driver`` (``pbt`` in a driver process
+of its own, with its own Ray, whose workers are killed inside writes as in ``pbt`` and which SIGKILLs itself
+after a seeded number of results; then ``tunekit resume`` continues it here, its workers again killed
+inside writes, and the invariants are checked on what the two drivers left).
 
     python benchmarks/chaos.py --runs 5                     # the whole matrix
     python benchmarks/chaos.py --scenarios pbt --runs 2     # one scenario
+    python benchmarks/chaos.py --scenarios driver --runs 5  # driver kills, then tunekit resume
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import os
+import random
+import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -34,10 +42,13 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+from ray import tune  # noqa: E402
 
 from tunekit import FunctionSession, TorchTrainable, TrainingState, function_trainable  # noqa: E402
 
-SCENARIOS = ("one", "pbt", "pbt_function", "noreuse", "ray_pbt", "s3")
+SCENARIOS = ("one", "pbt", "pbt_function", "noreuse", "ray_pbt", "s3", "driver")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+INJECTOR: Any = None  # the killed driver's injector (the ``driver`` scenario's child)
 
 
 def _build(config: dict[str, Any], device: Any = "cpu") -> TrainingState:
@@ -78,8 +89,8 @@ def train_wide(config: dict[str, Any]) -> None:
 WideFunction = function_trainable(train_wide, name="WideFunction")
 
 
-def _run(scenario: str, storage: str, name: str, *, width: int, iterations: int, injector: Any) -> tuple[Any, str]:
-    from ray import tune
+def _run(scenario: str, storage: str, name: str, *, width: int, iterations: int, injector: Any,
+         extra: tuple[Any, ...] = ()) -> tuple[Any, str]:
     from ray.tune.schedulers import PopulationBasedTraining
 
     from tunekit.callbacks import KeepCheckpoints, ParquetLogger
@@ -88,7 +99,7 @@ def _run(scenario: str, storage: str, name: str, *, width: int, iterations: int,
     trials = 1 if scenario == "one" else 4
     trainable = WideFunction if scenario == "pbt_function" else Wide
     param_space = {"width": width, "seed": tune.grid_search(list(range(trials))), "lr": 0.01}
-    callbacks: list[Any] = [ParquetLogger()]
+    callbacks: list[Any] = [ParquetLogger(), *extra]
     checkpoint = tune.CheckpointConfig(checkpoint_frequency=1, num_to_keep=1, checkpoint_at_end=True)
     tune_config: dict[str, Any] = {}
     if scenario in ("pbt", "pbt_function", "noreuse", "s3"):
@@ -115,6 +126,72 @@ def _run(scenario: str, storage: str, name: str, *, width: int, iterations: int,
         ).fit()
     base, sep, query = storage.partition("?")
     return grid, f"{base.rstrip('/')}/{name}{sep}{query}"
+
+
+class _DieAfter(tune.Callback):
+    """A Tune callback that SIGKILLs its own driver at the ``n``-th result (only in the process it was made in:
+    Tune saves callbacks with the experiment, and the resumed driver must not die). It first prints the kills
+    ``INJECTOR`` (the driver's injector) made."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.pid, self.seen = n, os.getpid(), 0
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        self.seen += 1
+        if self.seen >= self.n and os.getpid() == self.pid:
+            kills = INJECTOR.kills if INJECTOR is not None else []
+            print(f"CHAOS-KILLS {len(kills)} {sum(k.inside_write for k in kills)} "
+                  + ",".join(k.phase.replace(" ", "_") for k in kills), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _child(argv: list[str]) -> None:
+    """The killed driver of the ``driver`` scenario: ``--child STORAGE NAME DIE_AFTER SEED WIDTH ITERATIONS
+    WRITES KILLS``."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))  # workers
+    import ray
+
+    import benchmarks.chaos as imported  # the trainable is pickled as benchmarks.chaos.Wide, not __main__'s
+    from tests.support.injector import Injector
+
+    storage, name, die_after, seed, width, iterations, writes, kills = argv
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    imported.INJECTOR = Injector(storage, writes=float(writes), max_kills=int(kills), seed=int(seed),
+                                 trainable="Wide")
+    imported._run("pbt", storage, name, width=int(width), iterations=int(iterations), injector=imported.INJECTOR,
+                  extra=(imported._DieAfter(int(die_after)),))
+    print("CHAOS-KILLS the driver was not killed: it finished", flush=True)
+
+
+def _driver_run(local: str, name: str, run: int, args: Any, width: int) -> tuple[Any, str, list, str]:
+    """The ``driver`` scenario's run: a killed driver, then ``tunekit resume`` here. Returns the grid, the
+    experiment, the kills (driver's and resume's) and a line about the driver."""
+    from benchmarks.chaos import Wide as Imported
+    from tests.support.injector import Injector, Kill
+    from tests.support.killed import run_and_reap
+    from tunekit.resume import resume_experiment
+    from tunekit.snapshot import format_counts
+
+    die_after = random.Random(run).randint(6, 4 * args.iterations - 8)
+    env = {**os.environ, "PYTHONPATH": ROOT, "RAY_AUTH_MODE": "disabled"}
+    done = run_and_reap([sys.executable, os.path.abspath(__file__), "--child", local, name, str(die_after), str(run),
+                         str(width), str(args.iterations), str(args.writes), str(args.kills // 2 or 1)],
+                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    said = [line for line in done.stdout.splitlines() if line.startswith("CHAOS-KILLS")]
+    if done.returncode != -signal.SIGKILL or not said or "not killed" in said[-1]:
+        raise SystemExit(f"driver run {run}: the driver was not killed (exit {done.returncode}):\n"
+                         + (done.stdout + done.stderr)[-3000:])
+    _, count, _, phases = (said[-1].split(" ") + [""])[:4]
+    kills = [Kill(0.0, 0, phase.replace("_", " ")) for phase in phases.split(",") if phase][: int(count)]
+    experiment = os.path.join(local, name)
+    injector = Injector(local, writes=args.writes, max_kills=args.kills - len(kills), seed=run + 1000,
+                        trainable="Wide")
+    with injector:
+        summary = resume_experiment(experiment, trainable="benchmarks.chaos:Wide", stream=io.StringIO())
+    grid = tune.Tuner.restore(experiment, trainable=Imported).get_results()
+    return (grid, experiment, kills + injector.kills,
+            f"driver killed at result {die_after} after {len(kills)} kills, resumed: {format_counts(summary.before)} "
+            f"-> {format_counts(summary.after.counts())}")
 
 
 class _Nothing:
@@ -149,6 +226,10 @@ def _s3_server() -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        _child(argv[1:])
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--runs", type=int, default=5)
@@ -156,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writes", type=float, default=0.35, help="fraction of the writes seen whose writer is killed")
     parser.add_argument("--mb", type=float, default=55.0, help="MB of weights (checkpoints are twice that)")
     parser.add_argument("--iterations", type=int, default=12)
+    parser.add_argument("--keep", metavar="DIR", help="copy the experiment of a run with violations here")
     parser.add_argument("--mean-s", type=float, default=4.0, help="s3: mean seconds between random worker kills")
     args = parser.parse_args(argv)
     import ray
@@ -185,17 +267,27 @@ def main(argv: list[str] | None = None) -> int:
                 injector = Injector(local, writes=args.writes, max_kills=args.kills, seed=run, trainable="Wide",
                                     mean_interval_s=args.mean_s if scenario == "s3" else None)
                 start = time.monotonic()
-                grid, experiment = _run(scenario, storage, f"{scenario}-{run}", width=width,
-                                        iterations=args.iterations, injector=injector)
+                note = ""
+                if scenario == "driver":
+                    grid, experiment, kills, note = _driver_run(local, f"driver-{run}", run, args, width)
+                else:
+                    grid, experiment = _run(scenario, storage, f"{scenario}-{run}", width=width,
+                                            iterations=args.iterations, injector=injector)
+                    kills = injector.kills
                 seconds = time.monotonic() - start
                 violations = invariant_violations(experiment, grid, reference=reference if scenario == "one" else None)
-            landed = sum(k.inside_write for k in injector.kills)
+                if violations and args.keep and "://" not in experiment:
+                    kept = os.path.join(args.keep, f"{scenario}-{run}")
+                    shutil.copytree(experiment, kept, symlinks=True, dirs_exist_ok=True)
+                    print(f"  (the experiment of {scenario} run {run} is kept in {kept})", flush=True)
+            landed = sum(k.inside_write for k in kills)
             inside += landed
-            for phase, n in injector.by_phase().items():
-                phases[phase] = phases.get(phase, 0) + n
+            for kill in kills:
+                phases[kill.phase] = phases.get(kill.phase, 0) + 1
             ok_runs += not violations
             violations_all += violations
-            print(f"  {scenario} run {run}: {len(injector.kills)} kills, {landed} inside a write, {seconds:.0f} s: "
+            print(f"  {scenario} run {run}: {len(kills)} kills, {landed} inside a write, {note + ', ' if note else ''}"
+                  f"{seconds:.0f} s: "
                   + ("all invariants hold" if not violations else "VIOLATED: " + " | ".join(violations)), flush=True)
         totals[scenario] = (ok_runs, inside, phases, violations_all)
         print(f"{scenario}: {ok_runs}/{args.runs} runs nothing lost; {inside} kills inside writes "

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import pyarrow.fs as pafs
 
+from tunekit._ranks import RANKS_FILE, rank_problems
 from tunekit.errors import CheckpointError, TunekitError
 from tunekit.storage import Storage, resolve_storage, storage_errors
 
@@ -246,7 +247,8 @@ _HASH_NAMES = {"sha256": "SHA-256", "xxh3_128": "XXH3-128"}
 MISSING, NOT_WRITTEN = "directory is missing", "directory is empty: announced, its write in flight or never completed"
 
 
-def verify_directory(fs: pafs.FileSystem, path: str, shown: str) -> CheckpointReport:
+def verify_directory(fs: pafs.FileSystem, path: str, shown: str, *, ranks: Any = None) -> CheckpointReport:
+    """Verify one checkpoint directory (a multi-worker one: every rank's part too, or those in ``ranks``)."""
     info = fs.get_file_info(path)
     if info.type != pafs.FileType.Directory:
         return CheckpointReport(shown, "incomplete", [MISSING])
@@ -279,7 +281,9 @@ def verify_directory(fs: pafs.FileSystem, path: str, shown: str) -> CheckpointRe
                     digest = _hash_stream(stream, algorithm)
             if digest != entry[algorithm]:
                 problems.append(f"{rel}: {_HASH_NAMES[algorithm]} differs from manifest")
-    return CheckpointReport(shown, "corrupt" if problems else "good", problems)
+    incomplete, parts = rank_problems(fs, path, shown, verify_directory, ranks) if RANKS_FILE in files else (0, [])
+    status = "incomplete" if incomplete else "corrupt" if problems or parts else "good"
+    return CheckpointReport(shown, status, problems + parts)
 
 
 def verify_checkpoint(location: CheckpointLocation) -> CheckpointReport:
@@ -355,10 +359,7 @@ def is_tunekit_checkpoint(location: CheckpointLocation) -> bool:
     """True if the directory holds any tunekit file (committed or not)."""
     where = locate(location)
     fs = where.filesystem
-    return any(
-        fs.get_file_info(posixpath.join(where.path, name)).type == pafs.FileType.File
-        for name in _TUNEKIT_FILES
-    )
+    return any(fs.get_file_info(posixpath.join(where.path, n)).type == pafs.FileType.File for n in _TUNEKIT_FILES)
 
 
 def unsupported_format(location: CheckpointLocation) -> str | None:
@@ -368,9 +369,7 @@ def unsupported_format(location: CheckpointLocation) -> str | None:
     :func:`verify_checkpoint` to call incomplete or corrupt).
     """
     where = locate(location)
-    raw = _storage_call(
-        where, "read", _read_bytes, where.filesystem, posixpath.join(where.path, MANIFEST_FILE)
-    )
+    raw = _storage_call(where, "read", _read_bytes, where.filesystem, posixpath.join(where.path, MANIFEST_FILE))
     version = manifest_version(raw) if raw is not None else None
     if version is None or version in _HASH_OF_VERSION:
         return None
@@ -386,9 +385,7 @@ def unsupported_format(location: CheckpointLocation) -> str | None:
 def read_metadata(location: CheckpointLocation) -> dict[str, Any]:
     """Read ``tunekit.json`` of a checkpoint (no verification, no unpickling)."""
     where = locate(location)
-    raw = _storage_call(
-        where, "read", _read_bytes, where.filesystem, posixpath.join(where.path, METADATA_FILE)
-    )
+    raw = _storage_call(where, "read", _read_bytes, where.filesystem, posixpath.join(where.path, METADATA_FILE))
     if raw is None:
         raise CheckpointError(f"{where.uri}: not a tunekit checkpoint (no {METADATA_FILE})")
     try:

@@ -115,6 +115,7 @@ __all__ = [
     "report_checkpoint_dir",
     "scheduler_checkpoints",
     "session_report",
+    "session_trial_storage",
     "set_iteration",
     "set_restored",
     "storage_context",
@@ -167,6 +168,12 @@ def offline_storage(storage_path: str, trial: str) -> Any:
 def trainable_storage(trainable: tune.Trainable) -> Any:
     """The trial's ``StorageContext`` inside its actor, or None outside Tune."""
     return getattr(trainable, "_storage", None)
+
+
+def session_trial_storage() -> tuple[Any, str]:
+    """Inside a Tune trial: ``(pyarrow filesystem, trial directory on it)`` of the trial's storage."""
+    storage = tune.get_context().get_storage()
+    return storage.storage_filesystem, storage.trial_fs_path
 
 
 def has_local_storage(trainable: tune.Trainable) -> bool:

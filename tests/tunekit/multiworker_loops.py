@@ -1,0 +1,108 @@
+"""Ray Train worker loops the multi-worker tests run (importable by Train workers): a small MLP trained
+data-parallel (DDP) or fully sharded (FSDP2 ``fully_shard``) on CPU with gloo, with per-rank data streams
+and a global-RNG noise draw each step, so a resume is bit-exact only when every rank's state came back."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import torch
+from torch import nn
+
+from tunekit import TrainingState
+from tunekit.rng import seed_everything
+
+__all__ = ["Stream", "full_model_state", "loop"]
+
+
+class Stream:
+    """A per-rank data stream whose position is state (``state_dict``/``load_state_dict``)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed, self.position = seed, 0
+
+    def next(self) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.position)
+        self.position += 1
+        return torch.randn(8, 16, generator=generator)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seed": self.seed, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seed, self.position = state["seed"], state["position"]
+
+
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights on every rank (a test's gather of a tiny model: never tunekit's way)."""
+    from torch.distributed.tensor import DTensor
+
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()}
+
+
+def _die_once(marker: str) -> None:
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def loop(config: dict[str, Any]) -> None:
+    """``config``: ``mode`` ("ddp" | "fsdp"), ``seed``, ``lr``, ``epochs``, ``steps``, ``out`` (where rank 0
+    writes ``final.pt``: the full weights at the end), ``fault``: ``{"rank", "iteration", "step" | "phase",
+    "marker"}``; ``dump_restored``: rank 0 writes the full restored weights and iteration there, and the loop
+    ends (that rank SIGKILLs itself once: mid-epoch at that step, or inside its checkpoint write at
+    that write phase)."""
+    import ray.train
+    import ray.train.torch
+
+    from tunekit import checkpoint as tk_checkpoint
+    from tunekit.multiworker import WorkerSession
+
+    config = {**config, **config.get("case", {})}  # a grid search over cases: {"out": ..., "faults": ...}
+    rank = ray.train.get_context().get_world_rank()
+    seed_everything(config["seed"])
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+    if config["mode"] == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        net = fully_shard(model)
+    else:
+        net = ray.train.torch.prepare_model(model, move_to_device=False)
+    opt = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
+    seed_everything(config["seed"] * 7 + rank)  # each rank its own noise stream
+    stream = Stream(config["seed"] * 10 + rank)
+    state = TrainingState(models={"model": model}, optimizers={"opt": opt}, data=stream)
+    session = WorkerSession(state, config=config)
+    if config.get("dump_restored"):  # a resharding test: the whole restored state, then stop
+        full = full_model_state(model)
+        if rank == 0:
+            torch.save({"weights": full, "iteration": session.iteration}, config["dump_restored"])
+        return
+    faults = [f for f in config.get("faults", []) if f["rank"] == rank]
+    while session.iteration < config["epochs"]:
+        now = [f for f in faults if f["iteration"] == session.iteration + 1]
+        for step in range(config["steps"]):
+            x = stream.next()
+            loss = (net(x + torch.randn(x.shape) * 0.01) - x.flip(1)).pow(2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            for fault in now:
+                if fault.get("step") == step:
+                    _die_once(fault["marker"])
+        for fault in now:
+            if "phase" in fault:
+                tk_checkpoint._on_write_phase = lambda phase, f=fault: phase == f["phase"] and _die_once(f["marker"])
+        session.report({"loss": float(loss.detach()), "iteration": session.iteration + 1,
+                        "restored_from_iteration": _restored_iteration(session)},
+                       checkpoint=(session.iteration + 1) % config.get("every", 1) == 0)
+        tk_checkpoint._on_write_phase = None
+    full = full_model_state(model)
+    if rank == 0 and config.get("out"):
+        torch.save(full, os.path.join(config["out"], "final.pt"))
+
+
+def _restored_iteration(session: Any) -> int:
+    return -1 if session.restored_from is None else int(session.restored_iteration)

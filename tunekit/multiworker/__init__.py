@@ -1,0 +1,19 @@
+"""Multi-worker trials: a Ray Train worker loop, DDP or FSDP, checkpoint-complete inside Tune.
+
+* :class:`WorkerSession`: in ``train_loop_per_worker``, restores this rank's state bit-exactly from
+  the checkpoint Train hands back and reports metrics with or without a checkpoint. Replicated state
+  is written once (rank 0), each rank's RNG streams and data position by that rank, sharded state
+  (FSDP2, FSDP1, DTensor) by every rank through ``torch.distributed.checkpoint``: nobody gathers the
+  model. A checkpoint verifies only when every rank's part does; restore falls back to the newest
+  one that verifies on every rank, and an FSDP checkpoint reshards onto another number of workers.
+* :func:`train_trial`: a Tune function trainable running one Ray Train ``TorchTrainer`` per trial.
+
+See ``docs/multiworker.md``. Tested in ``tests/tunekit/test_multiworker.py``.
+"""
+
+from __future__ import annotations
+
+from tunekit.multiworker.session import WorkerSession
+from tunekit.multiworker.trial import train_trial
+
+__all__ = ["WorkerSession", "train_trial"]

@@ -1,0 +1,136 @@
+"""What each rank of a multi-worker trial writes and reads: the replicated state, its own part, its shard.
+
+Implementation tier of :mod:`tunekit.multiworker` (layout: :mod:`tunekit._ranks`). Replicated state
+(DDP: the model and optimizer every rank holds) is written once, by rank 0, as a tunekit checkpoint;
+each rank writes its own RNG streams and data position under ``rank-<r>/``; sharded state (FSDP2
+``fully_shard``, FSDP1, any DTensor state) goes through ``torch.distributed.checkpoint``: every rank
+writes only its shard (``rank-<r>/__<r>_0.distcp``), nobody gathers the model. Each rank's manifest
+covers its shard, so a checkpoint verifies only when every shard does.
+
+Tested in ``tests/tunekit/test_multiworker.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from tunekit._ranks import RANKS_FILE, rank_dir, ranks_bytes
+from tunekit.checkpoint import read_state, write_checkpoint
+from tunekit.errors import CheckpointError
+from tunekit.rng import capture_rng, restore_rng
+from tunekit.state import FORMAT, Counters, TrainingState
+
+__all__ = ["is_sharded", "load_parts", "write_parts"]
+
+_RANK_KEYS = ("data", "rng")
+
+
+def is_sharded(state: TrainingState) -> bool:
+    """Whether any model holds sharded parameters (DTensor: FSDP2; or is an FSDP1 module)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(m, FullyShardedDataParallel) or any(isinstance(p, DTensor) for p in m.parameters())
+               for m in state.models.values())
+
+
+def _model_of(state: TrainingState, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+    params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for model in state.models.values():
+        if any(id(p) in params for p in model.parameters()):
+            return model
+    raise CheckpointError("tunekit.multiworker: an optimizer holds parameters of none of the state's models")
+
+
+def _sharded_dict(state: TrainingState) -> dict[str, Any]:
+    """The models' and optimizers' state as DCP state dicts (sharded tensors stay sharded)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    return {"models": {k: get_model_state_dict(m) for k, m in state.models.items()},
+            "optimizers": {k: get_optimizer_state_dict(_model_of(state, o), o) for k, o in state.optimizers.items()}}
+
+
+def _replicated_rest(state: TrainingState) -> dict[str, Any]:
+    """What every rank holds alike besides models and optimizers (written by rank 0)."""
+    from tunekit.state import to_cpu
+
+    return to_cpu({"format": FORMAT, "models": {}, "optimizers": {},
+                   "schedulers": {k: s.state_dict() for k, s in state.schedulers.items()},
+                   "scaler": state.scaler.state_dict() if state.scaler is not None else None,
+                   "counters": dataclasses.asdict(state.counters), "extras": dict(state.extras)})
+
+
+def write_parts(state: TrainingState, directory: str, *, rank: int, world_size: int, sharded: bool,
+                metadata: dict[str, Any]) -> None:
+    """Write this rank's parts of a checkpoint of ``state`` into ``directory`` (this rank's local copy of
+    the one checkpoint directory: Ray Train merges every rank's into one on storage)."""
+    if sharded:
+        import torch.distributed.checkpoint as dcp
+
+        rest = _replicated_rest(state)
+    else:
+        full = state.state_dict()
+        rest = {k: v for k, v in full.items() if k not in _RANK_KEYS}
+    if rank == 0:  # before rank-0/ exists: the replicated part's manifest lists only its own files
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, RANKS_FILE), "wb") as fh:
+            fh.write(ranks_bytes(world_size, sharded=sharded))
+        write_checkpoint(directory, rest, metadata={**metadata, "world_size": world_size, "sharded": sharded},
+                         durable=False)
+    own = os.path.join(directory, rank_dir(rank))
+    if sharded:
+        dcp.save(_sharded_dict(state), storage_writer=dcp.FileSystemWriter(own))  # collective: every rank
+    mine = {"format": FORMAT, "data": state.data.state_dict() if state.data is not None else None,
+            "rng": capture_rng()}
+    write_checkpoint(own, mine, metadata={**metadata, "rank": rank, "world_size": world_size}, durable=False)
+
+
+@contextmanager
+def _shard_view(directory: str, world: int) -> Iterator[str]:
+    """One directory holding every rank's DCP files (symbolic links), as ``FileSystemReader`` reads them."""
+    with tempfile.TemporaryDirectory(prefix="tunekit-shards-") as view:
+        for rank in range(world):
+            own = os.path.join(directory, rank_dir(rank))
+            for name in os.listdir(own):
+                if name.endswith(".distcp") or name == ".metadata":
+                    os.symlink(os.path.join(own, name), os.path.join(view, name))
+        yield view
+
+
+def load_parts(state: TrainingState, directory: str, *, rank: int, world_size: int, written_by: int,
+               sharded: bool) -> bool:
+    """Load a verified checkpoint into ``state``; True when this rank's own part (RNG, data) was restored
+    too (the same number of workers), False when only the resharded state was (sharded, another number)."""
+    rest = read_state(directory, verify=False)
+    same = written_by == world_size
+    own = read_state(os.path.join(directory, rank_dir(rank)), verify=False) if same else None
+    if not sharded:
+        state.load_state_dict({**rest, **own})
+        return True
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    template = _sharded_dict(state)
+    with _shard_view(directory, written_by) as view:
+        dcp.load(template, storage_reader=dcp.FileSystemReader(view))
+    for name, model in state.models.items():
+        set_model_state_dict(model, template["models"][name])
+    for name, opt in state.optimizers.items():
+        set_optimizer_state_dict(_model_of(state, opt), opt, template["optimizers"][name])
+    for name, sched in state.schedulers.items():
+        sched.load_state_dict(rest["schedulers"][name])
+    if state.scaler is not None and rest["scaler"] is not None:
+        state.scaler.load_state_dict(rest["scaler"])
+    state.counters, state.extras = Counters(**rest["counters"]), dict(rest["extras"])
+    if own is not None:
+        if state.data is not None and own["data"] is not None:
+            state.data.load_state_dict(own["data"])
+        restore_rng(own["rng"])
+    return own is not None

@@ -1,0 +1,191 @@
+"""A Ray Train worker loop's checkpoint-complete session: restore bit-exactly, report with checkpoints.
+
+Every rank of ``train_loop_per_worker`` builds its state, then creates a :class:`WorkerSession`: it
+restores from the checkpoint Ray Train hands back (``ray.train.get_checkpoint()``), the newest one
+whose every rank's part verifies (all ranks agree on it), and :meth:`WorkerSession.report` reports
+metrics with or without a checkpoint in one call. Layout and parts: :mod:`tunekit._ranks`,
+:mod:`tunekit.multiworker._parts`.
+
+Tested in ``tests/tunekit/test_multiworker.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import tempfile
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import pyarrow.fs as pafs
+
+from tunekit._manifest import read_metadata, verify_directory
+from tunekit._ranks import RANKS_FILE, read_ranks
+from tunekit.errors import CheckpointError, ConfigError
+from tunekit.multiworker._parts import is_sharded, load_parts, write_parts
+from tunekit.state import TrainingState
+
+__all__ = ["WorkerSession"]
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerSession:
+    """Owns one rank's training state in a Ray Train worker loop: restore, report, checkpoint.
+
+    Example:
+        .. code-block:: python
+
+            def train_loop_per_worker(config):
+                model = fully_shard(build_model())          # or ray.train.torch.prepare_model(...)
+                opt = torch.optim.AdamW(model.parameters(), lr=config["lr"])
+                state = TrainingState(models={"model": model}, optimizers={"opt": opt}, data=stream)
+                session = WorkerSession(state, config=config)   # restored here when Train resumes
+                while session.iteration < config["epochs"]:
+                    loss = train_one_epoch(model, opt, stream)
+                    session.report({"loss": loss}, checkpoint=session.iteration % 2 == 1)
+
+    Args:
+        state: This rank's training state (a DDP-wrapped model is unwrapped: its module is saved).
+        config: The trial's config, recorded in the checkpoint.
+        sharded: ``"auto"`` (default): sharded when a model holds DTensor parameters (FSDP2
+            ``fully_shard``) or is an FSDP1 module; True/False to say so.
+        name: Recorded in the checkpoint metadata (``module:qualname`` of the worker loop).
+
+    Raises:
+        CheckpointError: no checkpoint Train handed back verifies on every rank, or a replicated
+            (DDP) checkpoint was written by another number of workers.
+    """
+
+    def __init__(self, state: TrainingState, *, config: Mapping[str, Any] | None = None,
+                 sharded: bool | Literal["auto"] = "auto", name: str | None = None) -> None:
+        import ray.train
+
+        if not isinstance(state, TrainingState):
+            raise ConfigError(f"WorkerSession(state={type(state).__name__}): expected a tunekit.TrainingState")
+        if sharded not in (True, False, "auto"):
+            raise ConfigError(f"WorkerSession(sharded={sharded!r}): expected True, False or 'auto'")
+        state.models = {k: _unwrapped(m) for k, m in state.models.items()}
+        self.state, self.config, self.name = state, dict(config or {}), name or "worker_loop"
+        context = ray.train.get_context()
+        self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
+        self.sharded = is_sharded(state) if sharded == "auto" else bool(sharded)
+        #: The checkpoint this rank restored from (None: started fresh), and whether its own part came too.
+        self.restored_from: str | None = None
+        self.restored_own_part = False
+        #: The iteration the restored checkpoint was taken at (None: started fresh).
+        self.restored_iteration: int | None = None
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is not None:
+            self._restore(checkpoint)
+
+    @property
+    def iteration(self) -> int:
+        """Iterations reported so far, restored ones included."""
+        return self.state.counters.iteration
+
+    def report(self, metrics: dict[str, Any], *, checkpoint: bool = False) -> None:
+        """Count one iteration and report ``metrics`` (every rank calls it, as ``ray.train.report``).
+
+        Args:
+            metrics: The iteration's metrics (rank 0's reach Tune).
+            checkpoint: Write this rank's parts of a checkpoint of this iteration and report it.
+        """
+        import ray.train
+
+        self.state.counters.iteration += 1
+        if not checkpoint:
+            ray.train.report(metrics)
+            return
+        with tempfile.TemporaryDirectory(prefix="tunekit-rank-") as directory:
+            self.save(directory)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+
+    def save(self, directory: str) -> None:
+        """Write this rank's parts of a checkpoint of the current state into ``directory`` (collective)."""
+        meta = {"iteration": self.iteration, "trainable": self.name, "config": self.config}
+        write_parts(self.state, directory, rank=self.rank, world_size=self.world_size, sharded=self.sharded,
+                    metadata=meta)
+
+    def _restore(self, checkpoint: Any) -> None:
+        """Restore from the newest checkpoint, from Train's own back to older ones, that verifies on every
+        rank: each rank verifies the replicated part and its share of the ranks' parts, and all agree."""
+        for path in _candidates(checkpoint.filesystem, checkpoint.path):
+            with type(checkpoint)(path, filesystem=checkpoint.filesystem).as_directory() as directory:
+                usable, why = self._verified(directory)
+                if not _all_agree(usable):
+                    logger.warning("tunekit: rank %d: not restoring from %s: %s", self.rank, path,
+                                   why or "another rank's part does not verify")
+                    continue
+                written_by = read_ranks(pafs.LocalFileSystem(), directory)["world_size"]
+                self._check_world(path, written_by)
+                self.restored_own_part = load_parts(self.state, directory, rank=self.rank,
+                                                    world_size=self.world_size, written_by=written_by,
+                                                    sharded=self.sharded)
+            self.restored_from, self.restored_iteration = path, self.state.counters.iteration
+            if not self.restored_own_part and self.rank == 0:
+                logger.warning("tunekit: %s was written by %d workers, this run has %d: the sharded state was "
+                               "resharded; each rank's RNG streams and data position start fresh (they cannot "
+                               "be split or merged)", path, written_by, self.world_size)
+            return
+        raise CheckpointError(f"cannot restore: no checkpoint of {posixpath.dirname(checkpoint.path)} from "
+                              f"{posixpath.basename(checkpoint.path)} back verifies on every rank")
+
+    def _verified(self, directory: str) -> tuple[bool, str]:
+        try:
+            world = read_ranks(pafs.LocalFileSystem(), directory)["world_size"]
+        except (ValueError, OSError) as exc:
+            return False, f"not a multi-worker tunekit checkpoint ({exc})"
+        mine = [r for r in range(world) if r % self.world_size == self.rank]
+        report = verify_directory(pafs.LocalFileSystem(), directory, directory, ranks=mine)
+        return report.ok, "" if report.ok else report.describe()
+
+    def _check_world(self, path: str, written_by: int) -> None:
+        if written_by != self.world_size and not self.sharded:
+            raise CheckpointError(
+                f"cannot restore {path}: written by {written_by} workers, this run has {self.world_size}; its "
+                f"state is replicated with one data stream and RNG per rank, which cannot be split or merged: "
+                f"resume with {written_by} workers (sharded state, FSDP, reshards)")
+
+
+def _unwrapped(model: Any) -> Any:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def _candidates(fs: pafs.FileSystem, path: str) -> list[str]:
+    """``path``, then the older multi-worker checkpoints beside it, newest first (by iteration)."""
+    parent, older = posixpath.dirname(path), []
+    try:
+        mine = int(read_metadata(_uri(fs, path)).get("iteration", 0))
+        for info in fs.get_file_info(pafs.FileSelector(parent)):
+            if info.path == path or info.type != pafs.FileType.Directory:
+                continue
+            if fs.get_file_info(posixpath.join(info.path, RANKS_FILE)).type == pafs.FileType.File:
+                iteration = int(read_metadata(_uri(fs, info.path)).get("iteration", 0))
+                if iteration <= mine:
+                    older.append((iteration, info.path))
+    except (CheckpointError, OSError, ValueError):
+        pass  # the registered checkpoint alone; verification says what is wrong with it
+    return [path] + [p for _, p in sorted(older, reverse=True)]
+
+
+def _uri(fs: pafs.FileSystem, path: str) -> Any:
+    from tunekit.storage import Storage
+
+    return path if isinstance(fs, pafs.LocalFileSystem) else Storage(fs, path, f"{type(fs).type_name}:{path}")
+
+
+def _all_agree(ok: bool) -> bool:
+    """True on every rank only if ``ok`` is True on every rank (an all-reduce when a process group runs)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return ok
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    flag = torch.tensor([1 if ok else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
