@@ -6,12 +6,15 @@ Ray is needed. The layout Ray Tune writes::
     EXP/experiment_state-<time>.json     (one or more; the newest counts)
     EXP/<trial dir>/params.json, result.json, progress.csv
     EXP/<trial dir>/checkpoint_000000/    (one directory per checkpoint)
+    EXP/<trial dir>/train/checkpoint_<time>/   (a multi-worker trial's: every rank's part, tunekit.multiworker)
 
-Tested in ``tests/tunekit/test_verify.py`` and ``tests/tunekit/test_snapshot.py``.
+Tested in ``tests/tunekit/test_verify.py``, ``tests/tunekit/test_snapshot.py`` and
+``tests/tunekit/test_multiworker.py``.
 """
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
@@ -20,9 +23,11 @@ from tunekit._trial_dir import CHECKPOINT_DIR, DAMAGED_COPY
 from tunekit.errors import ExperimentError
 from tunekit.storage import Storage, storage_errors
 
-__all__ = ["CHECKPOINT_DIR", "CheckpointDir", "DAMAGED_COPY", "TrialDir", "checkpoint_bytes", "find_trials"]
+__all__ = ["CHECKPOINT_DIR", "CheckpointDir", "DAMAGED_COPY", "TRAIN_DIR", "TrialDir", "checkpoint_bytes", "find_trials"]
 
 _TRIAL_FILES = ("params.json", "result.json", "progress.csv", "error.txt")
+#: Where a multi-worker trial's Ray Train run keeps its checkpoints (:func:`tunekit.multiworker.train_trial`).
+TRAIN_DIR = "train"
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,7 @@ def find_trials(experiment: Storage) -> list[TrialDir]:
             ),
             key=lambda c: c.index,
         )
+        checkpoints += _train_checkpoints(experiment, entry, children, start=len(checkpoints))
         is_trial = checkpoints or any(
             c.type == pafs.FileType.File and c.base_name in _TRIAL_FILES for c in children
         )
@@ -101,6 +107,18 @@ def find_trials(experiment: Storage) -> list[TrialDir]:
 
 
 
+def _train_checkpoints(experiment: Storage, trial: pafs.FileInfo, children: list[pafs.FileInfo], *,
+                       start: int) -> list[CheckpointDir]:
+    """A multi-worker trial's Ray Train checkpoints (``train/checkpoint_<timestamp>``, :mod:`tunekit.multiworker`),
+    oldest first, indexed after the trial's own."""
+    if not any(c.base_name == TRAIN_DIR and c.type == pafs.FileType.Directory for c in children):
+        return []
+    names = sorted(c.base_name for c in _list(experiment, posixpath.join(trial.path, TRAIN_DIR))
+                   if c.type == pafs.FileType.Directory and c.base_name.startswith("checkpoint_"))
+    return [CheckpointDir(f"{TRAIN_DIR}/{name}", start + i, experiment.join(trial.base_name, TRAIN_DIR, name))
+            for i, name in enumerate(names)]
+
+
 def checkpoint_bytes(experiment: Storage) -> dict[str, int]:
     """``"trial dir/checkpoint_NNNNNN"`` -> the bytes of its files, from one recursive listing of ``experiment``."""
     root = experiment.path.rstrip("/") + "/"
@@ -113,5 +131,8 @@ def checkpoint_bytes(experiment: Storage) -> dict[str, int]:
         parts = info.path[len(root):].split("/")
         if len(parts) > 2 and CHECKPOINT_DIR.match(parts[1]):
             key = f"{parts[0]}/{parts[1]}"
+            out[key] = out.get(key, 0) + (info.size or 0)
+        elif len(parts) > 3 and parts[1] == TRAIN_DIR and parts[2].startswith("checkpoint_"):  # every rank's part
+            key = f"{parts[0]}/{TRAIN_DIR}/{parts[2]}"
             out[key] = out.get(key, 0) + (info.size or 0)
     return out

@@ -51,7 +51,7 @@ def _die_once(marker: str) -> None:
 def loop(config: dict[str, Any]) -> None:
     """``config``: ``mode`` ("ddp" | "fsdp"), ``seed``, ``lr``, ``epochs``, ``steps``, ``out`` (where rank 0
     writes ``final.pt``: the full weights at the end), ``fault``: ``{"rank", "iteration", "step" | "phase",
-    "marker"}``; ``dump_restored``: rank 0 writes the full restored weights and iteration there, and the loop
+    "marker"}``; ``resume_from``: a checkpoint to start from; ``dump_restored``: rank 0 writes the full restored weights and iteration there, and the loop
     ends (that rank SIGKILLs itself once: mid-epoch at that step, or inside its checkpoint write at
     that write phase)."""
     import ray.train
@@ -74,7 +74,7 @@ def loop(config: dict[str, Any]) -> None:
     seed_everything(config["seed"] * 7 + rank)  # each rank its own noise stream
     stream = Stream(config["seed"] * 10 + rank)
     state = TrainingState(models={"model": model}, optimizers={"opt": opt}, data=stream)
-    session = WorkerSession(state, config=config)
+    session = WorkerSession(state, config=config, resume_from=config.get("resume_from"))
     if config.get("dump_restored"):  # a resharding test: the whole restored state, then stop
         full = full_model_state(model)
         if rank == 0:

@@ -15,6 +15,7 @@ from tests.support.faults import flip_byte
 from tests.tunekit.multiworker_loops import loop
 from tunekit._manifest import verify_directory
 from tunekit.checkpoint import verify_checkpoint, write_checkpoint
+from tunekit.cli import main
 from tunekit.multiworker import train_trial
 
 CONFIG = {"seed": 3, "lr": 0.05, "epochs": 4, "steps": 3}
@@ -75,7 +76,7 @@ def _checkpoints(result: tune.Result) -> list[Path]:
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_killed_mid_epoch_and_inside_a_write_finishes_bit_exact(mode, fresh_ray, storage, tmp_path):
+def test_killed_mid_epoch_and_inside_a_write_finishes_bit_exact(mode, fresh_ray, storage, tmp_path, capsys):
     results = _grid(mode, storage, tmp_path, {
         "clean": [],
         # rank 1 dies mid-epoch in iteration 2, then inside its write of iteration 3 (its shard written,
@@ -97,3 +98,33 @@ def test_killed_mid_epoch_and_inside_a_write_finishes_bit_exact(mode, fresh_ray,
         assert sorted(p.name for p in ckpt.glob("rank-*")) == ["rank-0", "rank-1"]
         shards = sorted(p.name for p in ckpt.glob("rank-*/*.distcp"))
         assert shards == (["__0_0.distcp", "__1_0.distcp"] if mode == "fsdp" else [])
+    if mode == "fsdp":
+        _reshards_and_falls_back(storage / mode, checkpoints, clean, tmp_path, capsys)
+
+
+def _restore(checkpoint: Path, workers: int, dump: Path) -> dict:
+    """Restore ``checkpoint`` in a Train run of ``workers`` workers; the whole state it restored."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    TorchTrainer(loop, train_loop_config={**CONFIG, "mode": "fsdp", "dump_restored": str(dump),
+                                          "resume_from": str(checkpoint)},
+                 scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.9}),
+                 torch_config=TorchConfig(backend="gloo"),
+                 run_config=RunConfig(name=dump.stem, storage_path=str(dump.parent))).fit()
+    return torch.load(dump, weights_only=True)
+
+
+def _reshards_and_falls_back(experiment: Path, checkpoints: list[Path], final: dict, tmp_path: Path, capsys) -> None:
+    # written by 2 workers, restored by 1: resharded, the full state equal
+    on_one = _restore(checkpoints[-1], 1, tmp_path / "on-one.pt")
+    assert on_one["iteration"] == CONFIG["epochs"]
+    assert all(torch.equal(on_one["weights"][k], final[k]) for k in final)
+    # one flipped shard: `tunekit verify` names it; a restore falls back to the newest checkpoint whose every
+    # shard verifies (iteration 3), on every rank
+    flip_byte(pafs.LocalFileSystem(), str(checkpoints[-1] / "rank-1"), "__1_0.distcp")
+    assert main(["verify", str(experiment)]) == 1
+    out = capsys.readouterr().out
+    assert f"{checkpoints[-1].name}" in out and "rank-1/: __1_0.distcp: XXH3-128 differs from manifest" in out
+    fell_back = _restore(checkpoints[-1], 2, tmp_path / "fell-back.pt")
+    assert fell_back["iteration"] == CONFIG["epochs"] - 1

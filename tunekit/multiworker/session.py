@@ -12,6 +12,7 @@ Tested in ``tests/tunekit/test_multiworker.py``.
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
 import tempfile
 from collections.abc import Mapping
@@ -51,6 +52,9 @@ class WorkerSession:
         sharded: ``"auto"`` (default): sharded when a model holds DTensor parameters (FSDP2
             ``fully_shard``) or is an FSDP1 module; True/False to say so.
         name: Recorded in the checkpoint metadata (``module:qualname`` of the worker loop).
+        resume_from: A multi-worker checkpoint (path, URI or ``ray.train.Checkpoint``) to start from when
+            Train hands none back: Ray Train V2's replacement for ``resume_from_checkpoint`` (pass it in
+            ``train_loop_config``); also how a run on another number of workers continues (resharded).
 
     Raises:
         CheckpointError: no checkpoint Train handed back verifies on every rank, or a replicated
@@ -58,7 +62,8 @@ class WorkerSession:
     """
 
     def __init__(self, state: TrainingState, *, config: Mapping[str, Any] | None = None,
-                 sharded: bool | Literal["auto"] = "auto", name: str | None = None) -> None:
+                 sharded: bool | Literal["auto"] = "auto", name: str | None = None,
+                 resume_from: Any = None) -> None:
         import ray.train
 
         if not isinstance(state, TrainingState):
@@ -75,7 +80,7 @@ class WorkerSession:
         self.restored_own_part = False
         #: The iteration the restored checkpoint was taken at (None: started fresh).
         self.restored_iteration: int | None = None
-        checkpoint = ray.train.get_checkpoint()
+        checkpoint = ray.train.get_checkpoint() or _as_checkpoint(resume_from)
         if checkpoint is not None:
             self._restore(checkpoint)
 
@@ -146,6 +151,20 @@ class WorkerSession:
                 f"cannot restore {path}: written by {written_by} workers, this run has {self.world_size}; its "
                 f"state is replicated with one data stream and RNG per rank, which cannot be split or merged: "
                 f"resume with {written_by} workers (sharded state, FSDP, reshards)")
+
+
+def _as_checkpoint(location: Any) -> Any:
+    """``resume_from`` as a ``ray.train.Checkpoint`` (None stays None)."""
+    import ray.train
+
+    from tunekit.storage import resolve_storage
+
+    if location is None or isinstance(location, ray.train.Checkpoint):
+        return location
+    if not isinstance(location, (str, os.PathLike)):
+        raise ConfigError(f"WorkerSession(resume_from={location!r}): expected a path, URI or ray.train.Checkpoint")
+    where = resolve_storage(str(location))
+    return ray.train.Checkpoint(where.path, filesystem=where.filesystem)
 
 
 def _unwrapped(model: Any) -> Any:
