@@ -8,7 +8,8 @@ selections, the newest checkpoint that verifies of every unfinished trial is kep
 ``tunekit resume`` continues from. ``leftovers=True`` also deletes what
 interrupted writes left (staging directories whose writer is gone), copies kept
 while a newer checkpoint was written, and PBT pins of a finished run;
-damaged checkpoints' copies that ``tunekit resume`` kept are left to the user.
+damaged checkpoints' copies that ``tunekit resume`` kept are left to the user, and so are a
+multi-worker trial's Ray Train checkpoints (``train/checkpoint_*``: Train's ``num_to_keep`` keeps them).
 
 Tested in ``tests/tunekit/test_gc.py``.
 """
@@ -23,7 +24,7 @@ import pyarrow.fs as pafs
 
 from tunekit._trial_dir import leftovers as hidden_dirs
 from tunekit.errors import ConfigError, ExperimentError
-from tunekit.experiment_dir import checkpoint_bytes
+from tunekit.experiment_dir import TRAIN_DIR, checkpoint_bytes
 from tunekit.record import driver_running, read_record
 from tunekit.retention import Policy, newest_first, selected
 from tunekit.snapshot import ExperimentSnapshot, read_experiment
@@ -127,7 +128,8 @@ def plan_gc(
             if ckpt.uri in damaged:  # never counted, never deleted: shown, for the user to look at
                 plan.damaged.append(f"{trial.name}/{ckpt.name}: {damaged[ckpt.uri]}")
                 plan.kept_bytes += size
-            elif keep is None or (trial.name, ckpt.name) in keep:
+            elif keep is None or (trial.name, ckpt.name) in keep or ckpt.name.startswith(f"{TRAIN_DIR}/"):
+                # a multi-worker trial's Train checkpoints are Ray Train's to keep (its num_to_keep)
                 kept.append(ckpt.name)
                 plan.kept_bytes += size
             else:
