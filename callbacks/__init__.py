@@ -5,6 +5,7 @@ Tested in ``tests/callbacks/test_policies.py``.
 
 from __future__ import annotations
 
+from tunekit.callbacks.autopilot import CheckpointAutopilot
 from tunekit.callbacks.improvement import CheckpointOnImprovement
 from tunekit.callbacks.parquet import ParquetLogger
 from tunekit.callbacks.preemption import CheckpointOnPreemption
@@ -15,6 +16,7 @@ from tunekit.callbacks.steps import CheckpointByStepsTaken
 from tunekit.callbacks.timed import CheckpointByTime
 
 __all__ = [
+    "CheckpointAutopilot",
     "CheckpointByStepsTaken",
     "CheckpointByTime",
     "CheckpointOnImprovement",

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -51,6 +52,7 @@ from tunekit._saving import (
     save_snapshot,
 )
 from tunekit.checkpoint import read_metadata, read_state, write_checkpoint
+from tunekit.interval import SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
 from tunekit.device import trial_device
 from tunekit.errors import CheckpointError
 from tunekit.hparams import changed_hyperparameters
@@ -165,6 +167,9 @@ class TrialCheckpointer:
         self._sync_next = False
         #: Every save does (Ray's own PBT, which may pause a trial with its own save: :meth:`sync_saves`).
         self._sync_all = False
+        #: What the last save cost (:data:`~tunekit.interval.SAVE_BLOCKED_KEY`, ``SAVE_WRITE_KEY``): the
+        #: trainables add it to their results, for :class:`~tunekit.callbacks.CheckpointAutopilot`.
+        self.costs: dict[str, float] = {}
 
     def sync_saves(self) -> None:
         """Every save returns once its checkpoint is written (see :func:`tunekit._ray.synchronous_saves`)."""
@@ -198,7 +203,7 @@ class TrialCheckpointer:
                 storage, or a directory Ray named); its upload is confirmed.
             reported: A checkpoint the training code reported itself, saved as is.
         """
-        iteration = self.trainable.iteration
+        iteration, start = self.trainable.iteration, time.perf_counter()
         self.wait()
         result = None
         if not checkpoint_dir and self._last is not None and self._last[0] == iteration:
@@ -214,6 +219,9 @@ class TrialCheckpointer:
         if self._sync_next or self._sync_all:
             self._sync_next = False
             self.wait()
+        blocked = time.perf_counter() - start
+        written = self.saves.last_write_s if self.saves is not None else None
+        self.costs = {SAVE_BLOCKED_KEY: blocked, SAVE_WRITE_KEY: blocked if written is None else written}
         return result
 
     def _save_locally(self, content: TrialContent) -> Any:

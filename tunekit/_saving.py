@@ -52,6 +52,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -179,6 +180,8 @@ class BackgroundSaves:
         self._future: Future | None = None
         self._target = ""
         self._previous_trial = False
+        #: Seconds the last completed write took (the autopilot's write time), None before one completed.
+        self.last_write_s: float | None = None
 
     def wait(self) -> None:
         """Block until the write in flight (if any) is complete; raise its error (log it if it was the
@@ -212,7 +215,12 @@ class BackgroundSaves:
     def submit(self, target: str, job: Callable[[], None]) -> None:
         self.wait()
         self._target = target
-        self._future = _WRITER.submit(job)
+        self._future = _WRITER.submit(self._timed, job)
+
+    def _timed(self, job: Callable[[], None]) -> None:
+        start = time.perf_counter()
+        job()
+        self.last_write_s = time.perf_counter() - start
 
     def close(self) -> None:
         """Wait for the write in flight, log (not raise) its error, free the buffers."""

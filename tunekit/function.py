@@ -134,6 +134,7 @@ class FunctionSession:
                 _ray.set_iteration(adapter, started)  # Ray's counter goes on from the checkpoint's iteration
         if adapter is not None:
             adapter.attach(self)
+        self._adapter = adapter
 
     def _restore(self, checkpoint: tune.Checkpoint, adapter: Any) -> None:
         """Load what Tune hands back: the adapter verified it already (``prepare_restore``), so in one pass."""
@@ -177,6 +178,8 @@ class FunctionSession:
         """
         self.state.counters.iteration += 1
         self.content.metrics = dict(metrics)  # what the trial reported, before Ray adds its fields
+        costs = self._adapter.checkpointer.costs if self._adapter is not None else None
+        metrics = {**costs, **metrics} if costs else metrics  # what the last save cost, for the autopilot
         if not checkpoint:
             tune.report(metrics)
             return

@@ -164,7 +164,7 @@ class TorchTrainable(tune.Trainable):
             self._align_iteration = False
             _ray.set_iteration(self, self.state.counters.iteration - 1)  # Ray adds the 1
         self._content.metrics = dict(metrics)  # what the trial reported, before Ray adds its fields
-        return metrics
+        return {**self._checkpointer.costs, **metrics} if self._checkpointer.costs else metrics
 
     _content: TrialContent
 

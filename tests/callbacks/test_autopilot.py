@@ -1,0 +1,73 @@
+"""CheckpointAutopilot in real Tune runs. Time is the trial's own: each iteration reports 1 s of training
+(``time_this_iter_s``) and a save cost of 0.5 s (the keys tunekit's trainables report), and the trial fails
+(raises; Tune retries it from its newest checkpoint) every M executed iterations: so the autopilot's decisions depend on the results alone, never on the machine's
+speed, and the runs are the same on a loaded machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from ray import tune
+
+from tunekit import TorchTrainable, TrainingState
+from tunekit.callbacks import CheckpointAutopilot
+from tunekit.errors import ConfigError
+from tunekit.interval import INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY, daly_interval
+
+COST, MTBF = 0.5, 30.0
+
+
+class Flaky(TorchTrainable):
+    """1 s of training per iteration, a 0.5 s save; fails at the executed-iteration counts in ``failures``."""
+
+    def build(self, config):
+        return TrainingState(models={"model": torch.nn.Linear(2, 1)})
+
+    def train_iteration(self):
+        counter = Path(self.config["dir"]) / "executed"
+        executed = int(counter.read_text()) + 1 if counter.exists() else 1
+        counter.write_text(str(executed))
+        if executed in self.config["failures"]:
+            raise RuntimeError(f"injected failure at executed iteration {executed}")
+        return {"time_this_iter_s": 1.0, SAVE_BLOCKED_KEY: COST, SAVE_WRITE_KEY: COST}
+
+
+def _run(storage: Path, tmp_path: Path, iterations: int, failures: list[int], autopilot: CheckpointAutopilot):
+    grid = tune.Tuner(
+        Flaky,
+        param_space={"dir": str(tmp_path), "failures": failures},
+        run_config=tune.RunConfig(name="autopilot", storage_path=str(storage), stop={"training_iteration": iterations},
+                                  callbacks=[autopilot], failure_config=tune.FailureConfig(max_failures=-1),
+                                  verbose=0),
+    ).fit()
+    assert not grid.errors, grid.errors
+    return grid[0]
+
+
+def test_the_interval_converges_to_dalys_optimum_for_the_true_failure_rate(ray_session, storage, tmp_path):
+    failures = list(range(int(MTBF), 2000, int(MTBF)))  # one every 30 s of training: the rate is known exactly
+    autopilot = CheckpointAutopilot(max_overhead=None, max_interval_s=60)  # no prior: M learnt from failures
+    result = _run(storage, tmp_path, 400, failures, autopilot)
+    seen = autopilot.mtbf.failures
+    assert seen >= 10, f"only {seen} failures were injected"
+    optimum = daly_interval(COST, MTBF)
+    assert result.metrics[INTERVAL_KEY] == pytest.approx(optimum, rel=0.25), (autopilot.mtbf, optimum)
+
+
+def test_with_no_failures_and_no_prior_it_holds_the_overhead_bound(ray_session, storage, tmp_path):
+    result = _run(storage, tmp_path, 100, [], CheckpointAutopilot(max_overhead=0.05))
+    assert result.metrics[INTERVAL_KEY] == pytest.approx(COST / 0.05)
+    saved = sorted(int(p.name.split("_")[1]) for p in Path(result.path).glob("checkpoint_*"))
+    # the first save measures the cost; after it, one every 10 s of training: 5% of it
+    assert len(saved) - 1 <= 100 * 0.05 / COST
+
+
+def test_bad_arguments_are_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^CheckpointAutopilot\(mtbf='soon'\): expected a positive duration"):
+        CheckpointAutopilot(mtbf="soon")
+    with pytest.raises(ConfigError, match=r"^CheckpointAutopilot\(max_overhead=2\): must be a fraction"):
+        CheckpointAutopilot(max_overhead=2)
+    with pytest.raises(ConfigError, match=r"the minimum exceeds the maximum"):
+        CheckpointAutopilot(min_interval_s=60, max_interval_s=10)
