@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from tunekit._checks import as_number, check_mode, check_scope
 from tunekit.checkpoint import verify_checkpoint
+from tunekit.interval import INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
+
 __all__ = [
     "BestCheckpoint",
     "CheckpointSummary",
@@ -26,12 +28,14 @@ __all__ = [
     "ranked",
 ]
 
-#: What Ray Tune adds to every result: bookkeeping, not metrics.
+#: What Ray Tune (and tunekit) add to every result: bookkeeping, not metrics.
 RAY_KEYS = frozenset({
     "training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "pid", "time_since_restore",
     "iterations_since_restore", "done", "should_checkpoint", "timesteps_total", "episodes_total",
     "timesteps_since_restore", "episodes_this_iter", "timesteps_this_iter", "node_ip", "date", "hostname",
     "trial_id", "experiment_id", "experiment_tag",
+    # tunekit's own: what the last save cost and the interval CheckpointAutopilot chose (tunekit.interval)
+    SAVE_BLOCKED_KEY, SAVE_WRITE_KEY, INTERVAL_KEY,
 })
 
 

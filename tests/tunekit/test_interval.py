@@ -70,3 +70,11 @@ def test_durations_and_their_errors():
     for bad in ("soon", "-3h", 0, "6 hours", True):
         with pytest.raises(ConfigError, match=r"^CheckpointAutopilot\(mtbf=.*expected a positive duration"):
             parse_duration(bad, "CheckpointAutopilot", "mtbf")
+
+
+def test_the_cost_and_interval_keys_are_bookkeeping_not_metrics():
+    from tunekit.interval import INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
+    from tunekit.snapshot import RAY_KEYS
+
+    # status/report/gc metric lists and `tunekit check`'s run comparison skip them (a save's cost differs run to run)
+    assert {SAVE_BLOCKED_KEY, SAVE_WRITE_KEY, INTERVAL_KEY} <= RAY_KEYS

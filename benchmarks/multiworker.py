@@ -1,0 +1,130 @@
+"""Multi-worker checkpoints (issue 37): what a save costs each rank, against the anchors, in the same run.
+
+Two gloo ranks on CPU (``torch.multiprocessing``), an MLP sharded with FSDP2 ``fully_shard`` and AdamW
+(``--mb`` of weights; the optimizer's two moments make the state three times that). Each rank, per save:
+
+* **blocked**: the time ``train_loop_per_worker`` waits for tunekit's save of its parts
+  (``tunekit.multiworker``: the rank's DCP shard, its RNG and data position, its manifest with XXH3-128
+  hashes) against a plain ``torch.distributed.checkpoint.save`` of the same state dict into the same disk;
+* **peak memory** of the busiest rank during the save (RSS sampled every millisecond, above its RSS
+  before the save) against the gather-to-rank-0 approach the Ray docs warn of: a full state dict
+  gathered into rank 0's CPU memory (``full_state_dict=True, cpu_offload=True``) and ``torch.save``.
+
+    python benchmarks/multiworker.py --mb 200 --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+
+class _Peak:
+    """The peak RSS of this process above its RSS at entry, sampled every millisecond."""
+
+    def __enter__(self) -> "_Peak":
+        self.proc, self.peak, self.done = psutil.Process(), 0, False
+        self.base = self.proc.memory_info().rss
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self.done:
+            self.peak = max(self.peak, self.proc.memory_info().rss - self.base)
+            time.sleep(0.001)
+
+    def __exit__(self, *exc: object) -> None:
+        self.done = True
+        self.thread.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss - self.base)
+
+
+def _worker(rank: int, world: int, args: argparse.Namespace, root: str, port: int, out: "mp.Queue") -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    from tunekit import TrainingState
+    from tunekit.multiworker._parts import write_parts
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    width = int((args.mb * 1e6 / 4 / 2) ** 0.5)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width))
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, width)).sum().backward()
+    opt.step()
+    state = TrainingState(models={"model": model}, optimizers={"opt": opt})
+    rows = []
+    for i in range(args.repeat):
+        for how in ("plain", "tunekit", "gather"):
+            where = os.path.join(root, f"{how}-{i}")
+            dist.barrier()
+            with _Peak() as peak:
+                start = time.perf_counter()
+                if how == "plain":
+                    msd, osd = get_state_dict(model, opt)
+                    dcp.save({"models": {"model": msd}, "optimizers": {"opt": osd}},
+                             storage_writer=dcp.FileSystemWriter(os.path.join(where, f"rank-{rank}")))
+                elif how == "tunekit":
+                    write_parts(state, where, rank=rank, world_size=world, sharded=True, metadata={"iteration": i})
+                else:
+                    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+                    full = get_model_state_dict(model, options=options)
+                    _, full_opt = get_state_dict(model, opt, options=options)
+                    if rank == 0:
+                        os.makedirs(where, exist_ok=True)
+                        torch.save({"model": full, "opt": full_opt}, os.path.join(where, "state.pt"))
+                    del full, full_opt
+                blocked = time.perf_counter() - start
+            rows.append((i, how, rank, blocked, peak.peak))
+    out.put(rows)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=float, default=200.0, help="MB of weights (the state is 3x with AdamW)")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args(argv)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="tunekit-mw-bench-") as root:
+        port = 29000 + os.getpid() % 1000
+        procs = [ctx.Process(target=_worker, args=(r, 2, args, root, port, out)) for r in range(2)]
+        for p in procs:
+            p.start()
+        rows = [row for _ in procs for row in out.get()]
+        for p in procs:
+            p.join()
+    print(f"multi-worker save, 2 gloo ranks, FSDP2, {args.mb:.0f} MB of weights + AdamW "
+          f"({3 * args.mb:.0f} MB of state, half per rank), {args.repeat} runs")
+    print("run  tunekit blocked / plain dcp.save (busiest rank)   peak RSS busiest rank: tunekit / gather-to-rank-0")
+    for i in range(args.repeat):
+        got = {(how, rank): (b, m) for j, how, rank, b, m in rows if j == i}
+        slow = {how: max(got[(how, r)][0] for r in (0, 1)) for how in ("plain", "tunekit", "gather")}
+        peak = {how: max(got[(how, r)][1] for r in (0, 1)) for how in ("plain", "tunekit", "gather")}
+        print(f"{i:>3}  {slow['tunekit']:.3f} s / {slow['plain']:.3f} s = {slow['tunekit'] / slow['plain']:.2f}x"
+              f"{'':20}{peak['tunekit'] / 1e6:7.0f} MB / {peak['gather'] / 1e6:7.0f} MB = "
+              f"{peak['tunekit'] / max(peak['gather'], 1):.2f}x  (plain dcp.save {peak['plain'] / 1e6:.0f} MB;"
+              f" gather blocked {slow['gather']:.3f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
