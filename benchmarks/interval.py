@@ -5,8 +5,9 @@ One trial with a known iteration time (``--iter-s`` of sleep: the training) and 
 waits) runs ``--work`` iterations while the failure injector (``tests/support/injector.py``) SIGKILLs its
 worker at random, at exponential intervals of mean M, for real, on a shortened time scale
 (``FailureConfig(max_failures=-1)``). Policies: a checkpoint every 1, 10 and 50 iterations
-(``CheckpointConfig(checkpoint_frequency=k)``) and ``CheckpointAutopilot`` (no prior; it learns M from the
-kills). Three regimes of M (``--regimes``, seconds). For each run: the wall time to finish, the work lost
+(``CheckpointConfig(checkpoint_frequency=k)``), ``CheckpointAutopilot`` with its defaults (no prior: it
+learns M from the kills; checkpoints within 5% of training time) and ``daly``: the autopilot with
+``max_overhead=None`` (no checkpoint until the first failure is seen, then Daly's interval alone). Three regimes of M (``--regimes``, seconds). For each run: the wall time to finish, the work lost
 (iterations run again after a kill), the kills, and Daly's expected runtime for that interval
 (:func:`tunekit.interval.expected_runtime`, with C measured in the run, the restart cost R and Tune's
 fixed start-and-end cost given: ``--restart-s``, ``--fixed-s``).
@@ -56,7 +57,9 @@ def _run(policy: str, mtbf: float, args: argparse.Namespace, seed: int) -> dict[
     with tempfile.TemporaryDirectory() as storage:
         callbacks: list[Any] = []
         checkpoint = tune.CheckpointConfig(num_to_keep=2)
-        if policy == "autopilot":
+        if policy == "autopilot":  # the defaults: no prior, checkpoints within 5% of training time
+            callbacks.append(CheckpointAutopilot(max_interval_s=args.work * args.iter_s))
+        elif policy == "daly":  # no overhead bound: Daly's interval alone once a failure was seen
             callbacks.append(CheckpointAutopilot(max_overhead=None, max_interval_s=args.work * args.iter_s))
         else:
             checkpoint = tune.CheckpointConfig(num_to_keep=2, checkpoint_frequency=int(policy))
@@ -74,7 +77,7 @@ def _run(policy: str, mtbf: float, args: argparse.Namespace, seed: int) -> dict[
         executed = int((Path(storage) / "executed").read_text())
         df = grid[0].metrics_dataframe
         cost = float(df[SAVE_BLOCKED_KEY].dropna().mean()) if SAVE_BLOCKED_KEY in df else 0.0
-        interval = float(df["tunekit/checkpoint_interval_s"].dropna().iloc[-1]) if policy == "autopilot" else \
+        interval = float(df["tunekit/checkpoint_interval_s"].dropna().iloc[-1]) if not policy.isdigit() else \
             int(policy) * args.iter_s
     kills = len(injector.kills)
     work_s = args.work * args.iter_s
@@ -85,7 +88,7 @@ def _run(policy: str, mtbf: float, args: argparse.Namespace, seed: int) -> dict[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--regimes", default="4,15,60", help="mean seconds between kills, comma-separated")
-    parser.add_argument("--policies", default="1,10,50,autopilot")
+    parser.add_argument("--policies", default="1,10,50,autopilot,daly")
     parser.add_argument("--work", type=int, default=300, help="iterations to finish")
     parser.add_argument("--iter-s", type=float, default=0.1)
     parser.add_argument("--mb", type=float, default=40.0, help="MB of weights in each checkpoint")
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         table[mtbf] = {p: r["wall"] for p, r in runs.items()}
     print("\nwall time / best fixed interval (hindsight), per regime")
-    fixed = [p for p in args.policies.split(",") if p != "autopilot"]
+    fixed = [p for p in args.policies.split(",") if p.isdigit()]
     means = {p: 0.0 for p in args.policies.split(",")}
     for mtbf, walls in table.items():
         best = min(walls[p] for p in fixed)

@@ -30,9 +30,9 @@ from tunekit.errors import ConfigError
 
 __all__ = [
     "INTERVAL_KEY",
+    "MtbfEstimate",
     "SAVE_BLOCKED_KEY",
     "SAVE_WRITE_KEY",
-    "MtbfEstimate",
     "choose_interval",
     "daly_interval",
     "expected_runtime",

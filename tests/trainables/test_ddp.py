@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from ray import tune
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
 
 from tunekit import read_metadata, read_state, verify_checkpoint
 from tunekit.cli import main
-from tunekit.trainables.ddp import tune_ddp
+from tunekit.trainables.ddp import train_loop, tune_ddp
 
 CONFIG = {"lr": 0.05, "momentum": 0.9, "hidden_size": 16, "batch_size": 32, "seed": 7,
           "epochs": 4, "checkpoint_every": 2, "steps_per_iteration": 8, "workers": 2, "cpus_per_worker": 0.9}
@@ -42,3 +45,10 @@ def test_data_parallel_trial_writes_every_rank_part_and_the_readers_verify_them(
     # gc leaves a multi-worker trial's Train checkpoints to Ray Train (its snapshot names them)
     assert main(["gc", str(storage / "ddp"), "--trial-latest", "1", "--yes"]) == 0
     assert all(c.is_dir() for c in checkpoints)
+
+    # replicated state with one data stream per rank cannot go to another number of workers: one clear line
+    with pytest.raises(Exception, match=r"written by 2 workers, this run has 1; its state is replicated"):
+        TorchTrainer(train_loop, train_loop_config={**CONFIG, "resume_from": str(checkpoints[-1])},
+                     scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.9}),
+                     torch_config=TorchConfig(backend="gloo"),
+                     run_config=RunConfig(name="on-one", storage_path=str(storage / "on-one"))).fit()

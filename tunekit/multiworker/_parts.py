@@ -71,14 +71,9 @@ def write_parts(state: TrainingState, directory: str, *, rank: int, world_size: 
                 metadata: dict[str, Any]) -> None:
     """Write this rank's parts of a checkpoint of ``state`` into ``directory`` (this rank's local copy of
     the one checkpoint directory: Ray Train merges every rank's into one on storage)."""
-    if sharded:
-        import torch.distributed.checkpoint as dcp
-
-        rest = _replicated_rest(state)
-    else:
-        full = state.state_dict()
-        rest = {k: v for k, v in full.items() if k not in _RANK_KEYS}
     if rank == 0:  # before rank-0/ exists: the replicated part's manifest lists only its own files
+        rest = _replicated_rest(state) if sharded else \
+            {k: v for k, v in state.state_dict().items() if k not in _RANK_KEYS}  # only rank 0 copies it
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, RANKS_FILE), "wb") as fh:
             fh.write(ranks_bytes(world_size, sharded=sharded))
@@ -86,6 +81,8 @@ def write_parts(state: TrainingState, directory: str, *, rank: int, world_size: 
                          durable=False)
     own = os.path.join(directory, rank_dir(rank))
     if sharded:
+        import torch.distributed.checkpoint as dcp
+
         dcp.save(_sharded_dict(state), storage_writer=dcp.FileSystemWriter(own))  # collective: every rank
     mine = {"format": FORMAT, "data": state.data.state_dict() if state.data is not None else None,
             "rng": capture_rng()}
