@@ -25,6 +25,7 @@ from tunekit._ranks import RANKS_FILE, read_ranks
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.multiworker._parts import is_sharded, load_parts, write_parts
 from tunekit.state import TrainingState
+from tunekit.storage import resolve_storage
 
 __all__ = ["WorkerSession"]
 
@@ -117,12 +118,11 @@ class WorkerSession:
         rank: each rank verifies the replicated part and its share of the ranks' parts, and all agree."""
         for path in _candidates(checkpoint.filesystem, checkpoint.path):
             with type(checkpoint)(path, filesystem=checkpoint.filesystem).as_directory() as directory:
-                usable, why = self._verified(directory)
-                if not _all_agree(usable):
+                written_by, why = self._verified(directory)
+                if not _all_agree(not why):
                     logger.warning("tunekit: rank %d: not restoring from %s: %s", self.rank, path,
                                    why or "another rank's part does not verify")
                     continue
-                written_by = read_ranks(pafs.LocalFileSystem(), directory)["world_size"]
                 self._check_world(path, written_by)
                 self.restored_own_part = load_parts(self.state, directory, rank=self.rank,
                                                     world_size=self.world_size, written_by=written_by,
@@ -136,14 +136,15 @@ class WorkerSession:
         raise CheckpointError(f"cannot restore: no checkpoint of {posixpath.dirname(checkpoint.path)} from "
                               f"{posixpath.basename(checkpoint.path)} back verifies on every rank")
 
-    def _verified(self, directory: str) -> tuple[bool, str]:
+    def _verified(self, directory: str) -> tuple[int, str]:
+        """``(the number of workers that wrote it, why this rank's share does not verify: "" if it does)``."""
         try:
             world = read_ranks(pafs.LocalFileSystem(), directory)["world_size"]
         except (ValueError, OSError) as exc:
-            return False, f"not a multi-worker tunekit checkpoint ({exc})"
+            return 0, f"not a multi-worker tunekit checkpoint ({exc})"
         mine = [r for r in range(world) if r % self.world_size == self.rank]
         report = verify_directory(pafs.LocalFileSystem(), directory, directory, ranks=mine)
-        return report.ok, "" if report.ok else report.describe()
+        return world, "" if report.ok else report.describe()
 
     def _check_world(self, path: str, written_by: int) -> None:
         if written_by != self.world_size and not self.sharded:
@@ -156,8 +157,6 @@ class WorkerSession:
 def _as_checkpoint(location: Any) -> Any:
     """``resume_from`` as a ``ray.train.Checkpoint`` (None stays None)."""
     import ray.train
-
-    from tunekit.storage import resolve_storage
 
     if location is None or isinstance(location, ray.train.Checkpoint):
         return location
@@ -177,23 +176,17 @@ def _candidates(fs: pafs.FileSystem, path: str) -> list[str]:
     """``path``, then the older multi-worker checkpoints beside it, newest first (by iteration)."""
     parent, older = posixpath.dirname(path), []
     try:
-        mine = int(read_metadata(_uri(fs, path)).get("iteration", 0))
+        mine = int(read_metadata(resolve_storage(path, filesystem=fs)).get("iteration", 0))
         for info in fs.get_file_info(pafs.FileSelector(parent)):
             if info.path == path or info.type != pafs.FileType.Directory:
                 continue
             if fs.get_file_info(posixpath.join(info.path, RANKS_FILE)).type == pafs.FileType.File:
-                iteration = int(read_metadata(_uri(fs, info.path)).get("iteration", 0))
+                iteration = int(read_metadata(resolve_storage(info.path, filesystem=fs)).get("iteration", 0))
                 if iteration <= mine:
                     older.append((iteration, info.path))
     except (CheckpointError, OSError, ValueError):
         pass  # the registered checkpoint alone; verification says what is wrong with it
     return [path] + [p for _, p in sorted(older, reverse=True)]
-
-
-def _uri(fs: pafs.FileSystem, path: str) -> Any:
-    from tunekit.storage import Storage
-
-    return path if isinstance(fs, pafs.LocalFileSystem) else Storage(fs, path, f"{type(fs).type_name}:{path}")
 
 
 def _all_agree(ok: bool) -> bool:
