@@ -9,7 +9,8 @@ from typing import Any, TextIO
 from ray.tune.experiment import Trial
 from typing_extensions import override
 
-from tunekit._checks import number_at_least
+from tunekit._checks import is_number, number_at_least
+from tunekit.interval import INTERVAL_KEY, describe_intervals
 from tunekit.errors import ConfigError
 from tunekit.callbacks.record import TunekitCallback
 
@@ -30,6 +31,7 @@ class ProgressPrinter(TunekitCallback):
         self._last_print = float("-inf")
         self._latest: dict[str, dict[str, Any]] = {}
         self._failed: dict[str, str] = {}
+        self._intervals: dict[str, float] = {}  # CheckpointAutopilot's choice per trial
 
     def _recorded_kwargs(self) -> dict[str, Any]:
         return {"metric": self.metric, "interval_s": self.interval_s}
@@ -44,6 +46,9 @@ class ProgressPrinter(TunekitCallback):
     @override
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
         super().on_trial_result(iteration, trials, trial, result, **info)
+        for seen in (self._latest.get(trial.trial_id, {}), result):  # a later callback may add it to its result
+            if is_number(seen.get(INTERVAL_KEY)):
+                self._intervals[trial.trial_id] = seen[INTERVAL_KEY]
         self._latest[trial.trial_id] = result
         now = time.monotonic()
         if now - self._last_print < self.interval_s:
@@ -56,7 +61,9 @@ class ProgressPrinter(TunekitCallback):
             states[t.status] = states.get(t.status, 0) + 1
         counts = ", ".join(f"{n} {s.lower()}" for s, n in sorted(states.items()))
         iters = sum(int(r.get("training_iteration", 0)) for r in self._latest.values())
-        self._print(f"{len(trials)} trials ({counts}); {iters} iterations; {best}")
+        every = describe_intervals(list(self._intervals.values()))
+        self._print(f"{len(trials)} trials ({counts}); {iters} iterations; {best}"
+                    + (f"; checkpoints {every}" if every else ""))
 
     @override
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:

@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow.dataset as pads
 
 from tunekit._checks import is_number
-from tunekit._result_frames import ITER, parquet_parts
+from tunekit._result_frames import ITER, parquet_parts, row_config
 from tunekit.results import parse_result_lines, read_text
 from tunekit.snapshot import ExperimentSnapshot
 from tunekit.storage import Storage
@@ -111,13 +111,10 @@ def _fix_exploit_iterations(experiment: Storage, snap: ExperimentSnapshot, recor
 def build_lineage(experiment: Storage, snap: ExperimentSnapshot, df: pd.DataFrame) -> Lineage:
     """The :class:`Lineage` of ``snap``'s exploits, ``df`` being its results (:func:`tunekit.load_results`)."""
     current: dict[str, dict[str, Any]] = {}
+    firsts = df.groupby("trial_id", sort=False).head(1).set_index("trial_id") if not df.empty else None
     for trial in snap.trials:
-        rows = df[df["trial_id"] == trial.trial_id] if not df.empty else df
-        if len(rows):
-            first = rows.iloc[0]
-            current[trial.trial_id] = {
-                c[len("config/"):]: first[c] for c in rows.columns if c.startswith("config/") and pd.notna(first[c])
-            }
+        if firsts is not None and trial.trial_id in firsts.index:
+            current[trial.trial_id] = row_config(firsts.loc[trial.trial_id])
         else:
             current[trial.trial_id] = dict(trial.config)
     records = []

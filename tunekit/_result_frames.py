@@ -24,10 +24,23 @@ from tunekit.results import parse_result_lines
 from tunekit.storage import Storage, storage_errors
 from tunekit.table import RESULTS_DIR, flatten_result
 
-__all__ = ["ITER", "dedupe_frame", "from_parquet", "from_result_json", "order_columns", "parquet_parts"]
+__all__ = ["ITER", "dedupe_frame", "from_parquet", "from_result_json", "order_columns", "parquet_parts", "row_config"]
 
 #: The iteration column.
 ITER = "training_iteration"
+
+
+def row_config(row: pd.Series) -> dict[str, Any]:
+    """The ``config/`` columns of one result row as plain Python values, missing ones left out (a list
+    value, ``config/layers = [64, 64]``, is a value: only a scalar can be missing)."""
+    config = {}
+    for column, value in row.items():
+        if not str(column).startswith("config/") or (pd.api.types.is_scalar(value) and pd.isna(value)):
+            continue
+        if hasattr(value, "tolist"):  # a numpy scalar or array
+            value = value.tolist()
+        config[str(column)[len("config/"):]] = value
+    return config
 
 
 def order_columns(df: pd.DataFrame) -> pd.DataFrame:

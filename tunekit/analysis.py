@@ -20,7 +20,7 @@ import pandas as pd
 from tunekit._checks import check_mode, check_scope
 from tunekit._lineage import Lineage, build_lineage
 from tunekit._result_frames import ITER as _ITER
-from tunekit._result_frames import dedupe_frame, from_parquet, from_result_json, order_columns, parquet_parts
+from tunekit._result_frames import dedupe_frame, from_parquet, from_result_json, order_columns, parquet_parts, row_config
 from tunekit.checkpoint import load_model
 from tunekit.errors import ConfigError, ExperimentError, StorageError
 from tunekit.results import format_ranges, lost_iterations
@@ -233,11 +233,7 @@ def best_trial(
         raise ExperimentError(f"{experiment.uri}: no trial reported {metric!r}")
     trial_id = str(scores.idxmax() if mode == "max" else scores.idxmin())
     rows = df[df["trial_id"] == trial_id]
-    config = {
-        c[len("config/"):]: (v.item() if hasattr(v, "item") else v)
-        for c, v in rows.iloc[-1].items()
-        if c.startswith("config/") and pd.notna(v)
-    }
+    config = row_config(rows.iloc[-1])
     trial = next((t for t in snap.trials if t.trial_id == trial_id or t.name == trial_id), None)
     uri = None
     if trial is not None:

@@ -35,7 +35,9 @@ __all__ = [
     "SAVE_WRITE_KEY",
     "choose_interval",
     "daly_interval",
+    "describe_intervals",
     "expected_runtime",
+    "format_duration",
     "parse_duration",
     "young_interval",
 ]
@@ -132,3 +134,33 @@ def parse_duration(value: float | str, call: str, name: str) -> float:
     if match is None or float(match[1]) <= 0:
         raise ConfigError(f"{call}({name}={value!r}): expected a positive duration: seconds, or e.g. '90s', '15min', '6h', '2d'")
     return float(match[1]) * _UNITS[match[2]]
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as people read it: ``"0.8s"``, ``"42s"``, ``"12.5min"``, ``"3.2h"``, ``"inf"``.
+
+    >>> format_duration(750.0)
+    '12.5min'
+    """
+    if not math.isfinite(seconds):
+        return "inf"
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.3g}{unit}"
+    return f"{seconds:.2g}s" if seconds < 10 else f"{seconds:.0f}s"
+
+
+def describe_intervals(values: list[float]) -> str | None:
+    """The intervals the trials checkpoint at, for a status line: ``"every 42s"`` or ``"every 8.1s-42s
+    (median 20s)"``; None when no trial has one.
+
+    >>> describe_intervals([8.1, 42.0, 20.0])
+    'every 8.1s-42s (median 20s)'
+    """
+    finite = sorted(v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)
+    if not finite:
+        return None
+    low, high, median = finite[0], finite[-1], finite[len(finite) // 2]
+    if format_duration(low) == format_duration(high):
+        return f"every {format_duration(low)}"
+    return f"every {format_duration(low)}-{format_duration(high)} (median {format_duration(median)})"

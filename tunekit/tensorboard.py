@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from tunekit._checks import is_number
+from tunekit._result_frames import row_config
 from tunekit.analysis import load_results
 from tunekit.errors import ExperimentError
 from tunekit.storage import Storage
@@ -58,10 +59,7 @@ def export_tensorboard(location: str | Storage, logdir: str | os.PathLike[str]) 
                     if is_number(value):
                         writer.add_scalar(name, float(value), step)
             last = rows.iloc[-1]
-            config = {
-                c[len("config/"):]: _value(last[c]) for c in rows.columns
-                if c.startswith("config/") and pd.notna(last[c])
-            }
+            config = {name: _value(value) for name, value in row_config(last).items()}
             finals = {f"final/{m}": float(last[m]) for m in metrics if is_number(_value(last[m]))}
             for summary in hparams(config, finals):
                 writer.file_writer.add_summary(summary)

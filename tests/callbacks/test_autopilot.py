@@ -5,6 +5,7 @@ speed, and the runs are the same on a loaded machine."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ import torch
 from ray import tune
 
 from tunekit import TorchTrainable, TrainingState
-from tunekit.callbacks import CheckpointAutopilot
+from tunekit.callbacks import CheckpointAutopilot, ProgressPrinter
+from tunekit.cli import main
 from tunekit.errors import ConfigError
 from tunekit.interval import INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY, daly_interval
 
@@ -31,15 +33,16 @@ class Flaky(TorchTrainable):
         counter.write_text(str(executed))
         if executed in self.config["failures"]:
             raise RuntimeError(f"injected failure at executed iteration {executed}")
-        return {"time_this_iter_s": 1.0, SAVE_BLOCKED_KEY: COST, SAVE_WRITE_KEY: COST}
+        return {"time_this_iter_s": 1.0, SAVE_BLOCKED_KEY: COST, SAVE_WRITE_KEY: COST, "loss": 1.0 / executed}
 
 
-def _run(storage: Path, tmp_path: Path, iterations: int, failures: list[int], autopilot: CheckpointAutopilot):
+def _run(storage: Path, tmp_path: Path, iterations: int, failures: list[int], autopilot: CheckpointAutopilot,
+         *more: tune.Callback):
     grid = tune.Tuner(
         Flaky,
         param_space={"dir": str(tmp_path), "failures": failures},
         run_config=tune.RunConfig(name="autopilot", storage_path=str(storage), stop={"training_iteration": iterations},
-                                  callbacks=[autopilot], failure_config=tune.FailureConfig(max_failures=-1),
+                                  callbacks=[*more, autopilot], failure_config=tune.FailureConfig(max_failures=-1),
                                   verbose=0),
     ).fit()
     assert not grid.errors, grid.errors
@@ -56,12 +59,24 @@ def test_the_interval_converges_to_dalys_optimum_for_the_true_failure_rate(ray_s
     assert result.metrics[INTERVAL_KEY] == pytest.approx(optimum, rel=0.25), (autopilot.mtbf, optimum)
 
 
-def test_with_no_failures_and_no_prior_it_holds_the_overhead_bound(ray_session, storage, tmp_path):
-    result = _run(storage, tmp_path, 100, [], CheckpointAutopilot(max_overhead=0.05))
+def test_with_no_failures_and_no_prior_it_holds_the_overhead_bound(ray_session, storage, tmp_path, capsys):
+    stream = io.StringIO()  # the progress printer comes first: it sees the choice from the second result on
+    result = _run(storage, tmp_path, 100, [], CheckpointAutopilot(max_overhead=0.05),
+                  ProgressPrinter("loss", interval_s=0, stream=stream))
     assert result.metrics[INTERVAL_KEY] == pytest.approx(COST / 0.05)
     saved = sorted(int(p.name.split("_")[1]) for p in Path(result.path).glob("checkpoint_*"))
     # the first save measures the cost; after it, one every 10 s of training: 5% of it
     assert len(saved) - 1 <= 100 * 0.05 / COST
+    lines = stream.getvalue().splitlines()
+    assert "checkpoints" not in lines[0] and lines[-2].endswith("; checkpoints every 10s"), lines[:2] + lines[-2:]
+    # the readers show the choice too: status's column and line, the report's table
+    capsys.readouterr()
+    assert main(["status", str(storage / "autopilot")]) == 0
+    out = capsys.readouterr().out
+    assert "ckpt every" in out and "(chosen by CheckpointAutopilot from save cost and failures): every 10s" in out, out
+    assert main(["report", str(storage / "autopilot"), "--output", str(tmp_path / "report")]) == 0
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "<th>checkpoint every</th>" in page and "failures seen: every 10s." in page
 
 
 def test_bad_arguments_are_refused_in_one_line():

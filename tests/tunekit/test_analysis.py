@@ -112,6 +112,29 @@ def test_best_trial_over_each_scope(tmp_path, scope, mode, expected):
     assert best_trial(str(exp), metric="score", mode=mode, scope=scope).trial_id == expected
 
 
+@pytest.mark.parametrize("source", ["json", "parquet"])
+def test_a_list_valued_hyperparameter_is_read_back_as_a_list(ray_session, storage, tmp_path, source):
+    """``layers=[8, 8]`` is a value in every reader (pandas' missing-value test on a list used to raise)."""
+    exp = tmp_path / "exp"
+    if source == "json":
+        for trial_id, layers, score in (("a", [8], 1.0), ("b", [8, 8], 2.0)):
+            _write_trial(exp, f"t_{trial_id}", [{**row, "config": {"layers": layers}}
+                                                for row in _rows(trial_id, [1, 2], [score, score])])
+    else:
+        def reporter(config):
+            tune.report({"score": float(len(config["layers"]))})
+
+        tune.Tuner(reporter, param_space={"layers": tune.grid_search([[8], [8, 8]])},
+                   run_config=tune.RunConfig(name="exp", storage_path=str(tmp_path), callbacks=[ParquetLogger()],
+                                             verbose=0)).fit()
+    layers = [8, 8] if source == "json" else "[8, 8]"  # ParquetLogger keeps a list as its JSON text
+    assert best_trial(str(exp), metric="score", mode="max").config == {"layers": layers}
+    assert set(pbt_lineage(str(exp)).ancestry) == set(load_results(str(exp))["trial_id"])
+    summary = write_report(str(exp), output=tmp_path / "report")
+    assert "[8, 8]" in summary.html.read_text()
+    export_tensorboard(str(exp), tmp_path / "tb")
+
+
 def test_best_trial_errors_are_clear(tmp_path):
     exp = tmp_path / "exp"
     _write_trial(exp, "t_a", _rows("a", [1], [1.0]))
