@@ -44,7 +44,9 @@ class Steady(TorchTrainable):
     def train_iteration(self) -> dict[str, Any]:
         time.sleep(self.config["iter_s"])
         counter = Path(self.config["dir"]) / "executed"
-        counter.write_text(str(int(counter.read_text()) + 1 if counter.exists() else 1))
+        temp = counter.with_suffix(f".{os.getpid()}")  # atomic: a kill never leaves the counter torn
+        temp.write_text(str(int(counter.read_text()) + 1 if counter.exists() else 1))
+        os.replace(temp, counter)
         return {"loss": 0.0}
 
 

@@ -131,15 +131,21 @@ def _trainable(variant: str) -> type:
 
 
 def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: int,
-           phases_dir: str) -> tuple[float, dict[str, list[float]]]:
-    from tunekit.callbacks import ParquetLogger, ProgressPrinter
+           phases_dir: str, scheduler: str = "fifo") -> tuple[float, dict[str, list[float]]]:
+    from ray.tune.schedulers import ASHAScheduler
+
+    from tunekit.callbacks import KeepCheckpoints, ParquetLogger, ProgressPrinter
 
     clear_phases(phases_dir)
-    callbacks = [ParquetLogger(), ProgressPrinter("loss")] if variant == "class+callbacks" else []
+    callbacks = [ParquetLogger(), ProgressPrinter("loss", stream=open(os.devnull, "w")),
+                 KeepCheckpoints(trial_latest=1, experiment_best=5, metric="loss", mode="min")] \
+        if variant == "class+callbacks" else []
+    asha = ASHAScheduler(metric="loss", mode="min", max_t=iterations, grace_period=1, reduction_factor=2) \
+        if scheduler == "asha" else None
     tuner = tune.Tuner(
         _trainable(variant),
         param_space={"lr": tune.uniform(0.001, 0.1), "seed": tune.randint(0, 1_000_000)},
-        tune_config=tune.TuneConfig(num_samples=trials, reuse_actors=True),
+        tune_config=tune.TuneConfig(num_samples=trials, reuse_actors=True, scheduler=asha),
         run_config=tune.RunConfig(
             name=name, storage_path=storage, stop={"training_iteration": iterations}, verbose=0,
             callbacks=callbacks,
@@ -167,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=400)
     parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--repeats", type=int, default=1, help="run each sweep N times, interleaved; best of N")
+    parser.add_argument("--repeats", type=int, default=1, help="run each sweep N times, interleaved; each shown")
+    parser.add_argument("--scheduler", choices=("fifo", "asha"), default="fifo",
+                        help="asha: ASHA early stopping (grace 1, reduction 2) over the trials")
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     if sorted(set(variants) - set(VARIANTS)) or args.repeats < 1 or args.trials < 1:
@@ -190,24 +198,27 @@ def main(argv: list[str] | None = None) -> int:
     cpus = os.cpu_count() or 1
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     walls: dict[str, float] = {}
+    every: dict[str, list[float]] = {v: [] for v in variants}
     logs: dict[str, dict[str, list[float]]] = {}
     try:
         for repeat in range(args.repeats):
             for variant in variants:
                 name = f"{variant.replace('+', '_')}-{repeat}"
                 wall, phases = _sweep(root, name, variant, trials=args.trials, iterations=args.iterations,
-                                      phases_dir=phases_dir)
+                                      phases_dir=phases_dir, scheduler=args.scheduler)
+                every[variant].append(wall)
                 print(f"  {variant:16s} run {repeat + 1}: {wall:7.1f} s", flush=True)
                 if wall < walls.get(variant, float("inf")):
                     walls[variant], logs[variant] = wall, phases
     finally:
         ray.shutdown()
     print(f"\n{args.trials} trials x {args.iterations} iterations, Linear(16, 1), checkpoint every 2 and at end, "
-          f"reuse_actors=True, {cpus} CPUs, best of {args.repeats}")
-    plain = walls.get("plain")
+          f"reuse_actors=True, {args.scheduler}, {cpus} CPUs; each run against plain's run of the same round")
+    plain = every.get("plain")
     for variant in variants:
-        ratio = f"{walls[variant] / plain:6.2f}x plain" if plain else ""
-        print(f"  {variant:16s} {walls[variant]:7.1f} s  {ratio}")
+        runs = ", ".join(f"{w:.1f}" for w in every[variant])
+        ratios = ", ".join(f"{w / p:.2f}x" for w, p in zip(every[variant], plain)) if plain else ""
+        print(f"  {variant:16s} runs {runs} s" + (f"  -> {ratios} plain (worst {max(w / p for w, p in zip(every[variant], plain)):.2f}x)" if plain else ""))
     print("\nper trial, from the trials' own timings (ms per trial: count x median):")
     header = "  phase               " + "".join(f"{v:>18s}" for v in variants)
     print(header)

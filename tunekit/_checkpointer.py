@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping
 from ray import tune
 
 from tunekit import _env, _ray
-from tunekit._restoring import clone_in_worker, local_request, prepare_restore, remove_temps
+from tunekit._restoring import clone_in_worker, local_request, prepare_restore, remove_temps, writer_trial
 from tunekit._saving import (
     BackgroundSaves,
     Durability,
@@ -56,6 +56,7 @@ from tunekit.interval import SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
 from tunekit.device import trial_device
 from tunekit.errors import CheckpointError
 from tunekit.hparams import changed_hyperparameters
+from tunekit.results import RESTORED_FROM_KEY
 from tunekit.state import StateBuffers, TrainingState
 from tunekit.warm import apply_warm_start
 
@@ -170,6 +171,16 @@ class TrialCheckpointer:
         #: What the last save cost (:data:`~tunekit.interval.SAVE_BLOCKED_KEY`, ``SAVE_WRITE_KEY``): the
         #: trainables add it to their results, for :class:`~tunekit.callbacks.CheckpointAutopilot`.
         self.costs: dict[str, float] = {}
+        #: The trial directory whose checkpoint the last restore loaded, until the next result reports it.
+        self.restored_from: str | None = None
+
+    def result_keys(self) -> dict[str, Any]:
+        """What the trainables add to a result: the last save's cost and, once after a restore, whose
+        checkpoint it was (:data:`~tunekit.results.RESTORED_FROM_KEY`)."""
+        keys: dict[str, Any] = dict(self.costs)
+        if self.restored_from is not None:
+            keys[RESTORED_FROM_KEY], self.restored_from = self.restored_from, None
+        return keys
 
     def sync_saves(self) -> None:
         """Every save returns once its checkpoint is written (see :func:`tunekit._ray.synchronous_saves`)."""
@@ -253,6 +264,7 @@ class TrialCheckpointer:
         self.wait()  # it may be this trial's own write in flight
         self.loaded()
         self._last = None
+        self.restored_from = writer_trial(checkpoint)
         if direct is not None and (request := local_request(checkpoint)) is not None:
             try:
                 return direct(request)
@@ -260,6 +272,7 @@ class TrialCheckpointer:
                 pass  # damaged: find what to restore instead, below
         result, self._temps = prepare_restore(checkpoint, trial_dir=_ray.local_trial_dir(self.trainable))
         if result is None:
+            self.restored_from = None
             return afresh()
         self._verified = result.checkpoint.path
         load(result)

@@ -46,7 +46,7 @@ from ray import tune
 
 from tunekit._ray import TrainingResult
 from tunekit._announced import is_announced_only, registered_unwritten
-from tunekit._pins import adopt_pin, adopted_pin, is_pinned, remove_pin
+from tunekit._pins import adopt_pin, adopted_pin, is_pinned, remove_pin, unpinned
 from tunekit._trial_dir import (CHECKPOINT_DIR, KEPT_COPY, await_write, checkpoint_name_of, link_tree, staging_dirs,
                                 writer_alive)
 from tunekit._manifest import MISSING, NOT_WRITTEN
@@ -65,6 +65,7 @@ __all__ = [
     "prepare_restore",
     "raise_failed_clone",
     "remove_temps",
+    "writer_trial",
 ]
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,19 @@ def _as_training_result(checkpoint: Any) -> TrainingResult:
         f"cannot restore from {type(checkpoint).__name__}: expected a checkpoint "
         "directory, a ray.tune.Checkpoint or the result of save()"
     )
+
+
+def writer_trial(checkpoint: Any) -> str | None:
+    """The name of the trial directory whose checkpoint ``checkpoint`` is (for a PBT donor's pinned copy:
+    the donor's), or None when it is not a trial's ``checkpoint_*`` directory."""
+    try:
+        path = unpinned(_as_training_result(checkpoint).checkpoint.path.rstrip("/"))
+    except CheckpointError:
+        return None
+    parent, name = posixpath.split(path)
+    if checkpoint_name_of(name) is None:
+        return None
+    return posixpath.basename(parent) or None
 
 
 def _fetch(checkpoint: tune.Checkpoint, temps: list[str]) -> tuple[tune.Checkpoint, CheckpointReport]:

@@ -13,8 +13,10 @@ import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.json as pajson
@@ -24,7 +26,7 @@ from tunekit.results import parse_result_lines
 from tunekit.storage import Storage, storage_errors
 from tunekit.table import RESULTS_DIR, flatten_result
 
-__all__ = ["ITER", "dedupe_frame", "from_parquet", "from_result_json", "order_columns", "parquet_parts", "row_config"]
+__all__ = ["ITER", "dedupe_frame", "dedupe_order", "dedupe_table", "from_parquet", "from_result_json", "order_columns", "parquet_parts", "row_config"]
 
 #: The iteration column.
 ITER = "training_iteration"
@@ -50,24 +52,53 @@ def order_columns(df: pd.DataFrame) -> pd.DataFrame:
     return df[first + rest + config]
 
 
-def dedupe_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """Keep, per trial, the rows no later row supersedes (a later row with iteration <= it).
+def _trial_codes(trials: Any) -> np.ndarray:
+    """Each row's trial as an integer ranking the trials' ids in sorted order (a missing id sorts last)."""
+    if isinstance(trials, (pa.Array, pa.ChunkedArray)):
+        encoded = pc.dictionary_encode(trials.combine_chunks() if isinstance(trials, pa.ChunkedArray) else trials)
+        rank = np.empty(len(encoded.dictionary), dtype=np.int64)
+        rank[pc.array_sort_indices(encoded.dictionary).to_numpy()] = np.arange(len(rank))
+        indices = encoded.indices.fill_null(len(rank)).to_numpy(zero_copy_only=False).astype(np.int64)
+        return np.append(rank, len(rank))[indices]
+    codes, uniques = pd.factorize(np.asarray(trials, dtype=object), sort=True)
+    return np.where(codes < 0, len(uniques), codes)
 
-    Rows come in the order they were logged; the result is sorted by trial and iteration.
+
+def dedupe_order(trials: Any, iterations: Any) -> np.ndarray:
+    """The indices of the rows to keep, sorted by trial and iteration: per trial, the rows no later row
+    supersedes (a later row with iteration <= it: a restore re-ran iterations). Rows come in the order
+    they were logged; ties keep it.
+
+    >>> dedupe_order(["b", "a", "a", "a", "a"], [1, 1, 2, 2, 3]).tolist()
+    [1, 3, 4, 0]
     """
+    codes = _trial_codes(trials)
+    iters = pd.to_numeric(pd.Series(iterations), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    by_trial = np.lexsort((np.arange(len(codes)), codes))  # each trial's rows together, in logged order
+    codes, iters = codes[by_trial], iters[by_trial]
+    went_back = (codes[1:] == codes[:-1]) & (iters[1:] <= iters[:-1])
+    if went_back.any():  # some trial went back: keep a row only if every later one of its trial is past it
+        rev_codes, rev_iters = codes[::-1], pd.Series(iters[::-1])
+        later_min = rev_iters.groupby(rev_codes, sort=False).cummin()
+        exclusive = later_min.groupby(rev_codes, sort=False).shift(1)
+        keep = (exclusive.isna() | (rev_iters < exclusive)).to_numpy()[::-1]
+        by_trial, codes, iters = by_trial[keep], codes[keep], iters[keep]
+    return by_trial[np.lexsort((iters, codes))]  # stable: a tie keeps the logged order
+
+
+def dedupe_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """``df``'s rows that :func:`dedupe_order` keeps, in its order."""
     if df.empty or ITER not in df.columns:
         return df.reset_index(drop=True)
-    df = df.reset_index(drop=True)
-    trials = df["trial_id"].to_numpy()
-    iters = pd.to_numeric(df[ITER], errors="coerce")
-    steps = iters.groupby(trials, sort=False).diff()
-    if (steps <= 0).any():  # some trial went back: a restore re-ran iterations
-        rev_iters = iters.iloc[::-1]
-        later_min = rev_iters.groupby(trials[::-1], sort=False).cummin()
-        exclusive = later_min.groupby(trials[::-1], sort=False).shift(1)
-        keep = (exclusive.isna() | (rev_iters < exclusive)).to_numpy()[::-1]
-        df = df[keep]
-    return df.sort_values(["trial_id", ITER], kind="stable").reset_index(drop=True)
+    return df.iloc[dedupe_order(df["trial_id"].to_numpy(), df[ITER].to_numpy())].reset_index(drop=True)
+
+
+def dedupe_table(table: pa.Table) -> pd.DataFrame:
+    """``table``'s rows that :func:`dedupe_order` keeps, in its order, as pandas (taken before converting:
+    Arrow's take is cheaper than pandas' indexing of string columns)."""
+    if table.num_rows == 0 or ITER not in table.column_names or "trial_id" not in table.column_names:
+        return dedupe_frame(table.to_pandas())
+    return table.take(dedupe_order(table.column("trial_id"), table.column(ITER).to_pandas())).to_pandas()
 
 
 def parquet_parts(experiment: Storage) -> list[str]:
@@ -80,7 +111,10 @@ def parquet_parts(experiment: Storage) -> list[str]:
     )
 
 
-def from_parquet(experiment: Storage, parts: list[str]) -> pd.DataFrame:
+def from_parquet(experiment: Storage, parts: list[str], *, dedupe: bool = True) -> pd.DataFrame:
+    """The rows of the Parquet ``parts``, deduplicated and sorted (:func:`dedupe_order`), or every row in
+    the order logged (``dedupe=False``)."""
+    tidy = dedupe_frame if dedupe else (lambda df: df)
     fs = experiment.filesystem
     with ThreadPoolExecutor(max_workers=8) as pool:
         schemas = list(pool.map(lambda path: pq.read_schema(path, filesystem=fs), parts))
@@ -90,9 +124,9 @@ def from_parquet(experiment: Storage, parts: list[str]) -> pd.DataFrame:
             schema = pa.unify_schemas(schemas, promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # a key changed type between batches
             tables = [pq.read_table(path, filesystem=fs) for path in parts]
-            return pd.concat([t.to_pandas() for t in tables], ignore_index=True, sort=False)
-    dataset = pads.dataset(parts, schema=schema, format="parquet", filesystem=fs)
-    return dataset.to_table().to_pandas()
+            return tidy(pd.concat([t.to_pandas() for t in tables], ignore_index=True, sort=False))
+    table = pads.dataset(parts, schema=schema, format="parquet", filesystem=fs).to_table()
+    return dedupe_table(table) if dedupe else table.to_pandas()
 
 
 def _read_files(fs: pafs.FileSystem, paths: list[str]) -> list[bytes]:

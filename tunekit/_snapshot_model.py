@@ -16,6 +16,7 @@ from typing import Any, Literal
 from tunekit._checks import as_number, check_mode, check_scope
 from tunekit.checkpoint import verify_checkpoint
 from tunekit.interval import INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
+from tunekit.results import RESTORED_FROM_KEY
 
 __all__ = [
     "BestCheckpoint",
@@ -34,8 +35,9 @@ RAY_KEYS = frozenset({
     "iterations_since_restore", "done", "should_checkpoint", "timesteps_total", "episodes_total",
     "timesteps_since_restore", "episodes_this_iter", "timesteps_this_iter", "node_ip", "date", "hostname",
     "trial_id", "experiment_id", "experiment_tag",
-    # tunekit's own: what the last save cost and the interval CheckpointAutopilot chose (tunekit.interval)
-    SAVE_BLOCKED_KEY, SAVE_WRITE_KEY, INTERVAL_KEY,
+    # tunekit's own: what the last save cost and the interval CheckpointAutopilot chose (tunekit.interval),
+    # the checkpoint a trial restored (tunekit.results)
+    SAVE_BLOCKED_KEY, SAVE_WRITE_KEY, INTERVAL_KEY, RESTORED_FROM_KEY,
 })
 
 

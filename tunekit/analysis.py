@@ -23,7 +23,7 @@ from tunekit._result_frames import ITER as _ITER
 from tunekit._result_frames import dedupe_frame, from_parquet, from_result_json, order_columns, parquet_parts, row_config
 from tunekit.checkpoint import load_model
 from tunekit.errors import ConfigError, ExperimentError, StorageError
-from tunekit.results import format_ranges, lost_iterations
+from tunekit.results import RESTORED_FROM_KEY, format_ranges, lost_iterations, restore_clones
 from tunekit.snapshot import BestCheckpoint, ExperimentSnapshot, read_experiment
 from tunekit.storage import Storage, resolve_storage
 from tunekit.table import RESULTS_DIR
@@ -88,27 +88,18 @@ def load_results(
     parts = parquet_parts(experiment) if source != "json" else []
     read_problems: list[str] = []
     if parts:
-        df = from_parquet(experiment, parts)
+        df = from_parquet(experiment, parts)  # deduplicated and sorted as it is read
     elif source == "parquet":
         raise ExperimentError(f"{experiment.uri}: no {RESULTS_DIR}/*.parquet (was ParquetLogger used?)")
     else:
-        df = from_result_json(experiment, [t.name for t in snap.trials], read_problems)
+        df = dedupe_frame(from_result_json(experiment, [t.name for t in snap.trials], read_problems))
     if df.empty:
         return df
-    df = dedupe_frame(df)
     if warm_start_history:
         df = _with_warm_start_history(df, experiment, _seen=_seen)
     df = order_columns(df)
     if _ITER in df.columns:
-        continued = {t.trial_id for t in snap.trials if t.continued}
-        gaps = {
-            str(trial): missing
-            for trial, iterations in df.groupby("trial_id", sort=True)[_ITER]
-            if (missing := lost_iterations(
-                iterations.tolist(),
-                clones=[(e.iteration, e.source_iteration) for e in snap.exploits if e.target == str(trial)],
-                continued=str(trial) in continued))
-        }
+        gaps = _gaps(df, snap)
         if gaps:
             df.attrs["missing_iterations"] = gaps
             warnings.warn(
@@ -125,6 +116,31 @@ def load_results(
 
 
 _WARM = "config/tunekit_warm_start/"
+
+
+def _gaps(df: pd.DataFrame, snap: ExperimentSnapshot) -> dict[str, list[int]]:
+    """Each trial's rows Ray lost (:func:`tunekit.results.lost_iterations`), for the trials whose
+    deduplicated, sorted iterations are not ``1..n`` (found in one vectorised pass: the rest have none)."""
+    iterations = pd.to_numeric(df[_ITER], errors="coerce")
+    grouped = iterations.groupby(df["trial_id"], sort=True)
+    first, last, count = grouped.first(), grouped.last(), grouped.size()
+    suspects = count.index[(first != 1) | (last - first + 1 != count)]
+    if not len(suspects):
+        return {}
+    continued = {t.trial_id for t in snap.trials if t.continued}
+    clones: dict[str, list[tuple[int, int]]] = {}
+    for e in snap.exploits:
+        clones.setdefault(e.target, []).append((e.iteration, e.source_iteration))
+    names = {t.trial_id: t.name for t in snap.trials}
+    gaps = {}
+    for trial, rows in df[df["trial_id"].isin(suspects)].groupby("trial_id", sort=True):
+        its = pd.to_numeric(rows[_ITER], errors="coerce").tolist()
+        if RESTORED_FROM_KEY in rows.columns and str(trial) in names:  # exploits its rows record themselves
+            clones.setdefault(str(trial), []).extend(
+                restore_clones(zip(its, rows[RESTORED_FROM_KEY].tolist()), names[str(trial)]))
+        if missing := lost_iterations(its, clones=clones.get(str(trial), []), continued=str(trial) in continued):
+            gaps[str(trial)] = missing
+    return gaps
 
 
 def _with_warm_start_history(df: pd.DataFrame, experiment: Storage, *, _seen: frozenset[str]) -> pd.DataFrame:

@@ -178,8 +178,8 @@ class FunctionSession:
         """
         self.state.counters.iteration += 1
         self.content.metrics = dict(metrics)  # what the trial reported, before Ray adds its fields
-        costs = self._adapter.checkpointer.costs if self._adapter is not None else None
-        metrics = {**costs, **metrics} if costs else metrics  # what the last save cost, for the autopilot
+        keys = self._adapter.checkpointer.result_keys() if self._adapter is not None else None
+        metrics = {**keys, **metrics} if keys else metrics  # the last save's cost; whose checkpoint was restored
         if not checkpoint:
             tune.report(metrics)
             return

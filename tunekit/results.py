@@ -23,13 +23,19 @@ import pyarrow.fs as pafs
 from tunekit.storage import storage_errors
 
 __all__ = [
+    "RESTORED_FROM_KEY",
     "dedupe_lineage",
     "format_ranges",
     "lost_iterations",
     "missing_iterations",
     "parse_result_lines",
     "read_text",
+    "restore_clones",
 ]
+
+#: Result key: on a trial's first result after a restore, the name of the trial directory whose checkpoint
+#: it restored (its own after a retry; a PBT donor's after an exploit). tunekit's trainables report it.
+RESTORED_FROM_KEY = "tunekit/restored_from"
 
 
 def read_text(fs: pafs.FileSystem, path: str) -> str | None:
@@ -128,6 +134,23 @@ def lost_iterations(
                 lost.extend(range(previous + 1, it))
         previous = it
     return lost
+
+
+def restore_clones(rows: Any, own: str) -> list[tuple[int, int]]:
+    """The exploits a trial's rows record themselves: ``(iteration - 1, iteration - 1)`` for each row
+    ``(iteration, restored_from)`` whose checkpoint was another trial's (tunekit's trainables report
+    :data:`RESTORED_FROM_KEY`). They explain jumps as :func:`lost_iterations`' ``clones`` do, where Ray's
+    ``pbt_global.txt`` may lack the line of an exploit (a driver or worker killed around it).
+
+    >>> restore_clones([(5, "t_b"), (3, "t_a"), (9, None)], own="t_a")
+    [(4, 4)]
+    """
+    out = []
+    for iteration, origin in rows:
+        if isinstance(origin, str) and origin and origin != own and isinstance(iteration, (int, float)) \
+                and iteration == iteration:
+            out.append((int(iteration) - 1, int(iteration) - 1))
+    return out
 
 
 def format_ranges(numbers: list[int]) -> str:

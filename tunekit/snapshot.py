@@ -36,7 +36,7 @@ from tunekit.checkpoint import read_metadata, unsupported_format
 from tunekit.errors import CheckpointError
 from tunekit.experiment_dir import TrialDir, checkpoint_bytes, find_trials
 from tunekit.record import interrupted_trials
-from tunekit.results import dedupe_lineage, lost_iterations, parse_result_lines, read_text
+from tunekit.results import RESTORED_FROM_KEY, dedupe_lineage, lost_iterations, parse_result_lines, read_text, restore_clones
 from tunekit._pickles import tuner_pickle_problem
 from tunekit.storage import Storage, resolve_storage
 
@@ -381,11 +381,10 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
     exploits = read_exploits(experiment, trial_tags(trials))
     interrupted = interrupted_trials(experiment.filesystem, experiment.path, trials)
     for t in trials:
-        t.missing_iterations = lost_iterations(
-            [r.get("training_iteration") for r in t.results],
-            clones=[(e.iteration, e.source_iteration) for e in exploits if e.target == t.trial_id],
-            continued=t.continued,
-        )
+        its = [r.get("training_iteration") for r in t.results]
+        clones = [(e.iteration, e.source_iteration) for e in exploits if e.target == t.trial_id]
+        restored = restore_clones(zip(its, [r.get(RESTORED_FROM_KEY) for r in t.results]), t.name)
+        t.missing_iterations = lost_iterations(its, clones=clones + restored, continued=t.continued)
     return ExperimentSnapshot(
         name=posixpath.basename(experiment.path.rstrip("/")),
         location=experiment.uri,

@@ -164,7 +164,8 @@ class TorchTrainable(tune.Trainable):
             self._align_iteration = False
             _ray.set_iteration(self, self.state.counters.iteration - 1)  # Ray adds the 1
         self._content.metrics = dict(metrics)  # what the trial reported, before Ray adds its fields
-        return {**self._checkpointer.costs, **metrics} if self._checkpointer.costs else metrics
+        keys = self._checkpointer.result_keys()  # the last save's cost; whose checkpoint a restore loaded
+        return {**keys, **metrics} if keys else metrics
 
     _content: TrialContent
 

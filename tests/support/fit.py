@@ -43,5 +43,5 @@ def tunekit_rows(result: Any) -> Any:
 
     experiment = posixpath.dirname(result.path.rstrip("/"))
     where = Storage(result.filesystem, experiment, experiment)
-    rows = from_parquet(where, parquet_parts(where))
+    rows = from_parquet(where, parquet_parts(where), dedupe=False)
     return rows[rows["trial_id"] == result.metrics["trial_id"]]

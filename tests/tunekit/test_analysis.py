@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +20,7 @@ from tunekit.analysis import best_checkpoint, best_trial, load_best_model, load_
 from tunekit.callbacks import ParquetLogger
 from tunekit.cli import main
 from tunekit.report import write_report
+from tunekit.results import RESTORED_FROM_KEY
 from tunekit.snapshot import read_experiment
 from tunekit.tensorboard import export_tensorboard
 from tunekit.trainables.digits import digits_model, evaluate
@@ -135,6 +137,28 @@ def test_a_list_valued_hyperparameter_is_read_back_as_a_list(ray_session, storag
     export_tensorboard(str(exp), tmp_path / "tb")
 
 
+A, B = "Flaky_0a0a0_00000_0_lr=0.1", "Flaky_0a0a0_00001_1_lr=0.2"  # Ray's trial directory names
+
+
+@pytest.mark.parametrize("origin, lost", [(B, []), (A, [5, 6]), (None, [5, 6])])
+def test_a_jump_after_a_restore_is_lost_unless_a_donor_checkpoint_explains_it(tmp_path, capsys, origin, lost):
+    """Row 7 went on from a checkpoint of iteration 6 and no PBT log line says whose: the row's own
+    ``tunekit/restored_from`` does. The other trial's (a donor's): nothing lost; its own (a retry): it ran
+    5 and 6 and Ray lost those rows; not said: lost."""
+    exp = tmp_path / "exp"
+    rows = _rows("0a0a0_00000", [1, 2, 3, 4, 7, 8], [1.0] * 6)
+    rows[4][RESTORED_FROM_KEY] = origin
+    _write_trial(exp, A, rows)
+    _write_trial(exp, B, _rows("0a0a0_00001", [1, 2, 3, 4, 5, 6, 7, 8], [2.0] * 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        df = load_results(str(exp))
+    assert df.attrs.get("missing_iterations", {}) == ({"0a0a0_00000": lost} if lost else {})
+    assert read_experiment(str(exp)).trials[0].missing_iterations == lost
+    assert main(["status", str(exp)]) == 0
+    assert ("note: 0a0a0_00000's result.json lacks iterations 5-6" in capsys.readouterr().out) == bool(lost)
+
+
 def test_best_trial_errors_are_clear(tmp_path):
     exp = tmp_path / "exp"
     _write_trial(exp, "t_a", _rows("a", [1], [1.0]))
@@ -165,13 +189,21 @@ def test_pbt_lineage_matches_what_happened(pbt_experiment):
     exploits = lineage.exploits
     table = exploits.to_string() + "\n" + df[["trial_id", "training_iteration", "config/lr"]].to_string()
     assert len(exploits) >= 2 and set(exploits["iteration"]) <= {2, 4}, table
+    names = {t.trial_id: t.name for t in read_experiment(str(pbt_experiment)).trials}
     for row in exploits.itertuples():
         assert row.target != row.source and row.source_iteration == row.iteration, table
         after = df[(df["trial_id"] == row.target) & (df["training_iteration"] == row.iteration + 1)]
         assert after["config/lr"].tolist() == pytest.approx([row.new_config["lr"]]), table  # mutated config ran on
+        # the trial's own row says whose checkpoint it went on from (what explains its jump if Ray's log lacks it)
+        assert after[RESTORED_FROM_KEY].tolist() == [names[row.source]], table
         before = df[(df["trial_id"] == row.target) & (df["training_iteration"] == row.iteration)]
         if not before.empty and row.Index == exploits[exploits["target"] == row.target].index[0]:
             assert before["config/lr"].tolist() == pytest.approx([row.old_config["lr"]]), table
+    # every other restore was of the trial's own checkpoint (synchronous PBT pauses and resumes trials)
+    exploited_rows = {(r.target, r.iteration + 1) for r in exploits.itertuples()}
+    others = df[[(t, i) not in exploited_rows for t, i in zip(df["trial_id"], df["training_iteration"])]]
+    origins = others[RESTORED_FROM_KEY]
+    assert (origins.isna() | (origins == others["trial_id"].map(names))).all(), table
     for trial_id, segments in lineage.ancestry.items():
         covered = [i for _, first, last in segments for i in range(first, last + 1)]
         assert covered == list(range(1, STOP + 1)), (trial_id, segments, table)
