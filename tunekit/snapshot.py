@@ -123,13 +123,14 @@ def read_state_problems(experiment: Storage) -> list[str]:
     return problems
 
 
-def _trials_from_state(state: dict[str, Any], problems: list[str]) -> dict[str, dict[str, Any]]:
-    """relative_logdir -> {trial fields, runtime fields} from the state file."""
+def _trials_from_state(state: dict[str, Any], problems: list[str], *, runtimes: bool = True) -> dict[str, Any]:
+    """relative_logdir -> {trial fields, runtime fields (none unless ``runtimes``: 2/3 of the file)}."""
     out = {}
     for entry in state.get("trial_data") or []:
         try:
             trial_json, runtime_json = entry
             trial = json.loads(trial_json) if isinstance(trial_json, str) else dict(trial_json)
+            runtime_json = runtime_json if runtimes else {}
             runtime = json.loads(runtime_json) if isinstance(runtime_json, str) else dict(runtime_json)
         except (ValueError, TypeError) as exc:
             problems.append(f"a trial entry of the state file is damaged ({exc})")
@@ -290,8 +291,8 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
     A damaged state or result file does not stop the reading: what can be read
     is returned and :attr:`ExperimentSnapshot.problems` says what could not.
     ``results=False`` reads the experiment's structure only (trials, configs,
-    statuses, PBT exploits, the state file's damage): no result rows and no
-    checkpoints, for readers that take those from elsewhere
+    statuses, PBT exploits, the state file's damage): no result rows, last
+    results, failure counts or checkpoints, for readers that take those from elsewhere
     (:func:`tunekit.analysis.load_results` reads the rows itself).
 
     Raises:
@@ -306,7 +307,7 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
     pickle_damage = tuner_pickle_problem(experiment)
     if pickle_damage:
         problems.append(f"{pickle_damage}; `tunekit resume` can still continue the trials")
-    recorded = _trials_from_state(state, problems)
+    recorded = _trials_from_state(state, problems, runtimes=results)
     start_time = (state.get("stats") or {}).get("start_time")
 
     trials = []
