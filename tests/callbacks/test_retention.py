@@ -215,3 +215,48 @@ def test_on_s3_each_trial_keeps_its_newest_and_the_readers_agree(ray_session, s3
     assert checkpoints == {"checkpoint_000003"}  # each trial's newest (indices count from 0)
     assert sorted(Path(r.checkpoint.path).name for r in grid) == ["checkpoint_000003"] * 2
     assert main(["verify", s3_bucket.uri("s3keep")]) == 0
+
+
+def _scored(config):
+    """Reports ``config["scores"]``, one an iteration, each with a checkpoint of its own (not tunekit's)."""
+    import tempfile
+
+    for i, score in enumerate(config["scores"], start=1):
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "w.txt").write_text(f"{config['k']}:{i}")
+            tune.report({"score": score}, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def test_finished_trials_settle_and_the_experiments_best_stays_whoever_holds_it(ray_session, storage):
+    """Ten trials of 3 checkpoints, one after another; the experiment's two best: trial 6's first (a score of
+    100, kept although not its newest) and trial 0's newest. A finished trial holding only its newest is
+    settled (not walked again); what it holds still competes for the experiment's best."""
+    scores = {k: [10.0 * i - k for i in (1, 2, 3)] for k in range(10)}
+    scores[6][0] = 100.0
+    keep = KeepCheckpoints(trial_latest=1, experiment_best=2, metric="score", mode="max")
+    seen: list[set[tuple[int, int]]] = []
+
+    class Finished(tune.Callback):  # after KeepCheckpoints: what the finished trials hold once it is done
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            keep.wait()
+            done = [t for t in trials if t.status == "TERMINATED" or t is trial]
+            seen.append({(t.config["k"], int(p.name.split("_")[1])) for t in done
+                         for p in Path(t.path).glob("checkpoint_*")})
+
+    grid = tune.Tuner(
+        tune.with_resources(_scored, {"cpu": 2}),  # one at a time: each finishes before the next starts
+        param_space={"k": tune.grid_search(list(range(10))), "scores": tune.sample_from(lambda s: scores[s.config.k])},
+        run_config=tune.RunConfig(name="settle", storage_path=str(storage), verbose=0, callbacks=[keep, Finished()]),
+    ).fit()
+    assert not grid.errors
+    assert keep.settled >= 8  # every trial but 6 (two kept) settles when it finishes
+    # as the run goes, not only at its end: each finished trial's newest and the best two so far, nothing more
+    def expected(j):
+        so_far = sorted(((scores[k][i], k, i) for k in range(j + 1) for i in range(3)), reverse=True)
+        return {(k, 2) for k in range(j + 1)} | {(k, i) for _, k, i in so_far[:2]}
+
+    assert seen == [expected(j) for j in range(10)]
+    left = {(r.config["k"], int(Path(p).name.split("_")[1])) for r in grid
+            for p in (Path(r.path).glob("checkpoint_*"))}
+    assert left == {(k, 2) for k in range(10)} | {(6, 0)}  # each newest (index 2), and trial 6's 100
+    assert keep.deleted == 10 * 3 - len(left)
