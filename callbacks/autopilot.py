@@ -6,7 +6,8 @@ Tested in ``tests/callbacks/test_autopilot.py``; the model in ``tests/tunekit/te
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 from ray.tune.experiment import Trial
@@ -21,14 +22,20 @@ from tunekit.interval import (INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY, Mt
 
 __all__ = ["CheckpointAutopilot"]
 
-#: How much a new measurement of a save's cost moves the estimate (an exponential moving average).
-_SMOOTHING = 0.5
+#: How many of a trial's latest saves its cost estimate is the mean of. A save through the page cache blocks
+#: for anything from a fraction to several times its mean, depending on writeback: a mean over several saves
+#: is what Daly's formula and the overhead bound need; a moving average would follow one fast save.
+_WINDOW = 8
+
+
+def _mean(values: deque[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 @dataclass
 class _TrialClock:
-    cost_s: float | None = None  # what a save blocks training for (smoothed)
-    write_s: float = 0.0  # how long its write takes (smoothed)
+    costs: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))  # what saves blocked for
+    writes: deque[float] = field(default_factory=lambda: deque(maxlen=_WINDOW))  # how long their writes took
     since_s: float = 0.0  # training time since the trial's last checkpoint
     interval_s: float | None = None
 
@@ -90,15 +97,14 @@ class CheckpointAutopilot(TunekitCallback):
         if result.get("iterations_since_restore") == 1:  # (re)started from a checkpoint, or from scratch
             clock.since_s = 0.0
         clock.since_s += took
-        for key, attr in ((SAVE_BLOCKED_KEY, "cost_s"), (SAVE_WRITE_KEY, "write_s")):
+        for key, values in ((SAVE_BLOCKED_KEY, clock.costs), (SAVE_WRITE_KEY, clock.writes)):
             if is_number(result.get(key)):
-                old = getattr(clock, attr)
-                new = float(result[key])
-                setattr(clock, attr, new if old is None else (1 - _SMOOTHING) * old + _SMOOTHING * new)
-        if clock.cost_s is None:  # no save measured yet: one now, to measure it
+                values.append(float(result[key]))
+        cost_s = _mean(clock.costs)
+        if cost_s is None:  # no save measured yet: one now, to measure it
             result[SHOULD_CHECKPOINT], clock.since_s = True, 0.0
             return
-        clock.interval_s = choose_interval(cost_s=clock.cost_s, mtbf_s=self.mtbf.mtbf_s, write_s=clock.write_s,
+        clock.interval_s = choose_interval(cost_s=cost_s, mtbf_s=self.mtbf.mtbf_s, write_s=_mean(clock.writes) or 0.0,
                                            max_overhead=self.max_overhead, min_interval_s=self.min_interval_s,
                                            max_interval_s=self.max_interval_s)
         result[INTERVAL_KEY] = clock.interval_s

@@ -169,15 +169,17 @@ class TrialCheckpointer:
         #: Every save does (Ray's own PBT, which may pause a trial with its own save: :meth:`sync_saves`).
         self._sync_all = False
         #: What the last save cost (:data:`~tunekit.interval.SAVE_BLOCKED_KEY`, ``SAVE_WRITE_KEY``): the
-        #: trainables add it to their results, for :class:`~tunekit.callbacks.CheckpointAutopilot`.
+        #: trainables add it to their next result, for :class:`~tunekit.callbacks.CheckpointAutopilot`.
         self.costs: dict[str, float] = {}
         #: The trial directory whose checkpoint the last restore loaded, until the next result reports it.
         self.restored_from: str | None = None
 
     def result_keys(self) -> dict[str, Any]:
-        """What the trainables add to a result: the last save's cost and, once after a restore, whose
-        checkpoint it was (:data:`~tunekit.results.RESTORED_FROM_KEY`)."""
-        keys: dict[str, Any] = dict(self.costs)
+        """What the trainables add to a result: once after each save, its cost (so each save is one
+        measurement) and, once after a restore, whose checkpoint it was
+        (:data:`~tunekit.results.RESTORED_FROM_KEY`)."""
+        keys: dict[str, Any] = self.costs
+        self.costs = {}
         if self.restored_from is not None:
             keys[RESTORED_FROM_KEY], self.restored_from = self.restored_from, None
         return keys

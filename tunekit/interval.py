@@ -42,8 +42,8 @@ __all__ = [
     "young_interval",
 ]
 
-#: Result keys: the last save's blocking time and the last completed write's time (reported by tunekit's
-#: trainables), and the interval the autopilot chose.
+#: Result keys: a save's blocking time and the last completed write's time (reported by tunekit's
+#: trainables in the first result after each save), and the interval the autopilot chose.
 SAVE_BLOCKED_KEY = "tunekit/save_blocked_s"
 SAVE_WRITE_KEY = "tunekit/save_write_s"
 INTERVAL_KEY = "tunekit/checkpoint_interval_s"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -86,3 +87,39 @@ def test_bad_arguments_are_refused_in_one_line():
         CheckpointAutopilot(max_overhead=2)
     with pytest.raises(ConfigError, match=r"the minimum exceeds the maximum"):
         CheckpointAutopilot(min_interval_s=60, max_interval_s=10)
+
+
+class Plain(TorchTrainable):
+    def build(self, config):
+        return TrainingState(models={"model": torch.nn.Linear(2, 1)})
+
+    def train_iteration(self):
+        return {"loss": 1.0}
+
+
+def test_the_trainables_report_each_saves_cost_once_in_the_next_result(ray_session, storage):
+    grid = tune.Tuner(Plain, run_config=tune.RunConfig(
+        name="costs", storage_path=str(storage), stop={"training_iteration": 7}, verbose=0,
+        checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=3))).fit()
+    rows = grid[0].metrics_dataframe
+    measured = rows.loc[rows[SAVE_BLOCKED_KEY].notna(), "training_iteration"].tolist()
+    assert measured == [4, 7], rows[["training_iteration", SAVE_BLOCKED_KEY]]  # saved after iterations 3 and 6
+    assert (rows[SAVE_BLOCKED_KEY].dropna() > 0).all() and rows[SAVE_WRITE_KEY].notna().tolist() == rows[
+        SAVE_BLOCKED_KEY].notna().tolist()
+
+
+def test_the_save_cost_is_the_mean_of_the_trials_last_saves():
+    # a save through the page cache blocks for a fraction to several times its mean: one fast save must not
+    # halve the interval (a moving average would give 0.55 s here, the last save's weight)
+    autopilot, trial = CheckpointAutopilot(max_overhead=0.05), SimpleNamespace(trial_id="t")
+    saves = iter([0.1, 0.1, 1.0])
+    for i in range(1, 30):
+        result = {"time_this_iter_s": 1.0, "iterations_since_restore": i}
+        if i in (2, 12, 22):  # each save's cost comes once, in the result after it
+            result[SAVE_BLOCKED_KEY] = result[SAVE_WRITE_KEY] = next(saves)
+        autopilot.on_trial_result(i, [trial], trial, result)
+    assert result[INTERVAL_KEY] == pytest.approx(0.4 / 0.05)
+    for i in range(30, 40):  # eight more saves: the first three leave the window
+        result = {"time_this_iter_s": 1.0, "iterations_since_restore": i, SAVE_BLOCKED_KEY: 0.2, SAVE_WRITE_KEY: 0.2}
+        autopilot.on_trial_result(i, [trial], trial, result)
+    assert result[INTERVAL_KEY] == pytest.approx(0.2 / 0.05)
