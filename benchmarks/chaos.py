@@ -239,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--keep", metavar="DIR", help="copy the experiment of a run with violations here")
     parser.add_argument("--mean-s", type=float, default=4.0, help="s3: mean seconds between random worker kills")
+    parser.add_argument("--aim", choices=("anywhere", "manifest"), default="anywhere",
+                        help="where inside a write to kill (manifest: state.pt whole, its manifest being hashed)")
     args = parser.parse_args(argv)
     import ray
 
@@ -265,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory() as local:
                 storage = s3(f"{scenario}-{run}") if scenario == "s3" else local
                 injector = Injector(local, writes=args.writes, max_kills=args.kills, seed=run, trainable="Wide",
-                                    mean_interval_s=args.mean_s if scenario == "s3" else None)
+                                    mean_interval_s=args.mean_s if scenario == "s3" else None,
+                                    aim=None if args.aim == "anywhere" else args.aim)
                 start = time.monotonic()
                 note = ""
                 if scenario == "driver":

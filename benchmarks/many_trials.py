@@ -23,6 +23,7 @@ Usage::
 
     python benchmarks/many_trials.py                    # 400 trials, one run of each (about 5 minutes on 2 CPUs)
     python benchmarks/many_trials.py --trials 100 --repeats 3
+    python benchmarks/many_trials.py --driver-memory 100,2000 --variants plain,class+callbacks --repeats 3
 """
 
 from __future__ import annotations
@@ -168,6 +169,33 @@ def _time_command(args: list[str], runs: int = 3) -> str:
     return f"{best:6.2f} s (exit {code})"
 
 
+def _driver_memory(args: argparse.Namespace, variants: list[str]) -> int:
+    """Each variant's driver peak RSS at two trial counts, each sweep in a fresh driver process."""
+    counts = [int(n) for n in args.driver_memory.split(",")]
+    if len(counts) != 2 or counts[0] >= counts[1]:
+        raise SystemExit("--driver-memory: two trial counts, N,M with N < M")
+    peaks: dict[tuple[str, int], float] = {}
+    for repeat in range(args.repeats):
+        for variant in variants:
+            for n in counts:
+                done = subprocess.run([sys.executable, __file__, "--trials", str(n), "--iterations",
+                                       str(args.iterations), "--variants", variant, "--scheduler", args.scheduler,
+                                       "--print-peak-rss"], capture_output=True, text=True, check=False)
+                lines = [line for line in done.stdout.splitlines() if line.startswith("peak-rss-kib ")]
+                if done.returncode or not lines:
+                    raise SystemExit(f"{variant} at {n} trials failed: {done.stderr.strip().splitlines()[-3:]}")
+                peaks[(variant, n)] = int(lines[0].split()[1]) / 1024
+                print(f"  {variant:16s} {n:6d} trials (run {repeat + 1}): driver peak RSS {peaks[(variant, n)]:7.1f} MiB",
+                      flush=True)
+        low, high = counts
+        per_k = {v: (peaks[(v, high)] - peaks[(v, low)]) * 1000 / (high - low) for v in variants}
+        print(f"run {repeat + 1}: driver growth from {low} to {high} trials, MiB per 1,000 trials: "
+              + ", ".join(f"{v} {g:+.1f}" for v, g in per_k.items())
+              + ("" if "plain" not in per_k else "; tunekit's share: "
+                 + ", ".join(f"{v} {g - per_k['plain']:+.1f}" for v, g in per_k.items() if v != "plain")))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=400)
@@ -176,10 +204,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="run each sweep N times, interleaved; each shown")
     parser.add_argument("--scheduler", choices=("fifo", "asha"), default="fifo",
                         help="asha: ASHA early stopping (grace 1, reduction 2) over the trials")
+    parser.add_argument("--driver-memory", metavar="N,M",
+                        help="instead: each variant's driver peak RSS at N and at M trials (a fresh driver "
+                             "process per sweep), and tunekit's growth against plain's per 1,000 trials")
+    parser.add_argument("--print-peak-rss", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--keep", metavar="DIR", help="keep the experiments: make them in DIR, not a temporary one")
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     if sorted(set(variants) - set(VARIANTS)) or args.repeats < 1 or args.trials < 1:
         parser.error(f"--variants from {VARIANTS}, --repeats and --trials >= 1")
+    if args.driver_memory:
+        return _driver_memory(args, variants)
 
     import ray
     import ray.cloudpickle
@@ -188,9 +223,10 @@ def main(argv: list[str] | None = None) -> int:
 
     ray.cloudpickle.register_pickle_by_value(pbt)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    root = tempfile.mkdtemp(prefix="tunekit-many-trials-")
+    root = os.path.abspath(args.keep) if args.keep else tempfile.mkdtemp(prefix="tunekit-many-trials-")
+    os.makedirs(root, exist_ok=True)
     phases_dir = os.path.join(root, "phases")
-    os.makedirs(phases_dir)
+    os.makedirs(phases_dir, exist_ok=True)
     os.environ[PHASES_ENV] = phases_dir
     from tunekit._ray import quiet_tune_banner
 
@@ -212,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
                     walls[variant], logs[variant] = wall, phases
     finally:
         ray.shutdown()
+    if args.print_peak_rss:
+        import resource
+
+        print(f"peak-rss-kib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}")
+        shutil.rmtree(root, ignore_errors=True)
+        return 0
     print(f"\n{args.trials} trials x {args.iterations} iterations, Linear(16, 1), checkpoint every 2 and at end, "
           f"reuse_actors=True, {args.scheduler}, {cpus} CPUs; each run against plain's run of the same round")
     plain = every.get("plain")
@@ -241,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                         ["report", experiment, "--metric", "loss", "--mode", "min",
                          "--output", os.path.join(root, "report")]):
             print(f"  tunekit {command[0]:8s} {_time_command(command)}")
-    shutil.rmtree(root, ignore_errors=True)
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

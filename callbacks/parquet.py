@@ -5,6 +5,7 @@ Tested in ``tests/tunekit/test_analysis.py``.
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import time
@@ -18,8 +19,9 @@ from ray.tune.experiment import Trial
 from typing_extensions import override
 
 from tunekit._checks import integer_at_least, positive_number
+from tunekit._result_frames import journal_table
 from tunekit._ray import trial_filesystem
-from tunekit.table import RESULTS_DIR, flatten_result, rows_to_table
+from tunekit.table import JOURNAL, RESULTS_DIR, flatten_result, rows_to_table
 from tunekit.callbacks.record import TunekitCallback
 
 __all__ = ["ParquetLogger"]
@@ -31,17 +33,27 @@ class ParquetLogger(TunekitCallback):
     Rows are flattened (``config/lr``), keyed by ``trial_id`` and
     ``training_iteration``; trials that report different keys are fine. A
     batch is written when it holds ``batch_rows`` rows, when ``flush_seconds``
-    have passed, when a trial checkpoints, completes or fails, and at the end.
-    Each batch is one new file (named by driver session and sequence, so
-    files sort in the order they were written), on the experiment's own
-    storage (local, S3, ...). When the experiment ends, the session's batch
-    files are compacted into one (``part-<session>-all.parquet``), which
-    makes reading a large experiment several times faster; a crash between
-    writing it and deleting the batches leaves duplicate rows that readers
-    drop. A driver killed with ``kill -9`` loses only the
-    rows of its unwritten batch; rows after a trial's last checkpoint are
-    reported and logged again when the experiment resumes, and
-    :func:`tunekit.analysis.load_results` keeps each iteration once.
+    have passed, and at the end. Each batch is one new file (named by driver
+    session and sequence, so files sort in the order they were written), on
+    the experiment's own storage (local, S3, ...). When the experiment ends,
+    the session's batch files are compacted into one
+    (``part-<session>-all.parquet``), which makes reading a large experiment
+    several times faster; a crash between writing it and deleting the batches
+    leaves duplicate rows that readers drop.
+
+    When a trial checkpoints, completes or fails, the rows not yet written
+    are secured before Tune can record that checkpoint or end: on local
+    storage appended to the session's journal
+    (``.part-<session>-journal.jsonl``, JSON lines, emptied by each batch
+    written, deleted at the end; a hidden file, so pyarrow's own dataset
+    reader skips it and :func:`tunekit.analysis.load_results` reads it); on
+    object stores, which cannot append, written as a batch. So a driver
+    killed with ``kill -9`` loses no row of an iteration a trial will not run
+    again: rows after a trial's last checkpoint are reported and logged again
+    when the experiment resumes, and :func:`tunekit.analysis.load_results`
+    keeps each iteration once. (A 2,000-trial sweep checkpoints 4,000 times:
+    a journal line costs microseconds, a Parquet file about a millisecond to
+    write and another to compact.)
 
     Args:
         batch_rows: Rows per file at most.
@@ -66,6 +78,8 @@ class ParquetLogger(TunekitCallback):
         self._seq = 0
         self._written: list[str] = []
         self._last_flush = 0.0
+        self._journal: Any = None  # the open journal (local storage), or None
+        self._journaled = 0  # how many of ``_rows`` it holds
 
     def _recorded_kwargs(self) -> dict[str, Any]:
         return {"batch_rows": self.batch_rows, "flush_seconds": self.flush_seconds}
@@ -88,28 +102,30 @@ class ParquetLogger(TunekitCallback):
         super().on_trial_result(iteration, trials, trial, result, **info)
         if self._target is None:
             self._target = (trial_filesystem(trial), posixpath.dirname(trial.path.rstrip("/")))
+            self._adopt_journals()
         self._rows.append({"trial_id": trial.trial_id, **flatten_result(result)})
         if len(self._rows) >= self.batch_rows or self._clock() - self._last_flush >= self.flush_seconds:
             self.flush()
 
     @override
     def on_checkpoint(self, iteration: int, trials: list[Trial], trial: Trial, checkpoint: Any, **info: Any) -> None:
-        self.flush()
+        self.secure()
 
     @override
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         super().on_trial_complete(iteration, trials, trial, **info)
-        self.flush()
+        self.secure()
 
     @override
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         super().on_trial_error(iteration, trials, trial, **info)
-        self.flush()
+        self.secure()
 
     @override
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         self.flush()
         self.compact()
+        self._close_journal(delete=True)
         super().on_experiment_end(trials, **info)
 
     def compact(self) -> None:
@@ -128,8 +144,28 @@ class ParquetLogger(TunekitCallback):
             fs.delete_file(path)
         self._written = [name]
 
+    def secure(self) -> None:
+        """Make the buffered rows survive the driver: appended to the journal on local storage, else
+        written as a batch (:meth:`flush`)."""
+        if self._target is None or not self._rows:
+            return
+        fs, experiment = self._target
+        if not isinstance(fs, pafs.LocalFileSystem):
+            self.flush()
+            return
+        if self._journal is None:
+            directory = posixpath.join(experiment, RESULTS_DIR)
+            fs.create_dir(directory, recursive=True)
+            self._journal = open(posixpath.join(directory, f".part-{self._session or 'nosetup'}-{JOURNAL}"),
+                                 "a", encoding="utf-8")
+        if len(self._rows) > self._journaled:
+            # written through to the OS: a row there outlives the process (as a batch file does)
+            self._journal.write("".join(json.dumps(row) + "\n" for row in self._rows[self._journaled:]))
+            self._journal.flush()
+            self._journaled = len(self._rows)
+
     def flush(self) -> None:
-        """Write the buffered rows as one Parquet file (storage errors are raised)."""
+        """Write the buffered rows as one Parquet file (storage errors are raised); empties the journal."""
         self._last_flush = self._clock()
         if not self._rows or self._target is None:
             return
@@ -141,6 +177,30 @@ class ParquetLogger(TunekitCallback):
         self._written.append(path)
         self._seq += 1
         self._rows = []
+        if self._journal is not None:  # its rows are in the batch now (killed before this: read twice, kept once)
+            self._journal.seek(0)
+            self._journal.truncate()
+        self._journaled = 0
+
+    def _adopt_journals(self) -> None:
+        """An earlier driver's journal (it was killed before its end): its rows written as a batch of its
+        session (``part-<session>-journal.parquet``, sorted after that session's batches), then deleted."""
+        fs, experiment = self._target  # type: ignore[misc]
+        directory = posixpath.join(experiment, RESULTS_DIR)
+        for info in fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True)):
+            name = info.base_name
+            if name.startswith(".part-") and name.endswith("-" + JOURNAL) and self._session not in name:
+                table = journal_table(fs, info.path)
+                if table.num_rows:
+                    self._write(fs, table, posixpath.join(directory, name[1:-len(JOURNAL)] + "journal.parquet"))
+                fs.delete_file(info.path)
+
+    def _close_journal(self, *, delete: bool) -> None:
+        if self._journal is not None:
+            self._journal.close()
+            if delete:
+                os.remove(self._journal.name)
+            self._journal = None
 
     @staticmethod
     def _write(fs: pafs.FileSystem, table: pa.Table, path: str) -> None:

@@ -77,12 +77,8 @@ class KeepCheckpoints(TunekitCallback):
             raise ConfigError(f"KeepCheckpoints(max_bytes={max_bytes!r}): expected a whole number of bytes > 0")
         self.max_bytes = max_bytes
         self._scheduler: Any = None
-        self._settled: set[str] = set()  # see ``_settle``
-        #: (trial order, position, trial id, checkpoint): the settled trials' best for experiment_best.
-        self._settled_top: list[tuple[int, int, str, CheckpointSummary]] = []
-        self._open: dict[str, Trial] = {}
+        self._forget_settled()
         self._order: dict[str, int] = {}
-        self._known = 0
         self._sizes: dict[str, int] = {}
         self._whole: set[str] = set()
         self._executor: ThreadPoolExecutor | None = None
@@ -93,6 +89,14 @@ class KeepCheckpoints(TunekitCallback):
         self.deleted_bytes = 0
         #: Trials settled so far in this run: finished, and never walked again (see ``_settle``).
         self.settled = 0
+
+    def _forget_settled(self) -> None:
+        """Walk every trial again (a new run, or trials this one did not see in order)."""
+        self._settled: set[str] = set()  # see ``_settle``
+        #: (trial order, position, trial id, checkpoint): the settled trials' best for experiment_best.
+        self._settled_top: list[tuple[int, int, str, CheckpointSummary]] = []
+        self._open: dict[str, Trial] = {}
+        self._known = 0
 
     def _recorded_kwargs(self) -> dict[str, Any] | None:
         p = self.policy
@@ -165,7 +169,7 @@ class KeepCheckpoints(TunekitCallback):
     # only, not O(trials) per checkpoint (2,000 trials: most of the sweep's time was this walk).
     def _open_trials(self, trials: list[Trial], new: tuple[Trial, Any] | None, *, incremental: bool) -> list[Trial]:
         if not incremental or len(trials) < self._known or (new is not None and new[0].trial_id in self._settled):
-            self._settled, self._settled_top, self._open, self._known = set(), [], {}, 0  # walk every trial again
+            self._forget_settled()
             if not incremental:
                 self._order = {t.trial_id: k for k, t in enumerate(trials)}
                 return list(trials)
@@ -287,13 +291,18 @@ class KeepCheckpoints(TunekitCallback):
 
     def __getstate__(self) -> dict[str, Any]:
         self.wait()  # (Ray keeps the callbacks in tuner.pkl: no thread in there, nor what a run settled)
-        return {**self.__dict__, "_executor": None, "_pending": [], "_settled": set(), "_settled_top": [],
-                "_open": {}, "_order": {}, "_known": 0}
+        state = {**self.__dict__, "_executor": None, "_pending": [], "_order": {}}
+        return {k: v for k, v in state.items() if k not in ("_settled", "_settled_top", "_open", "_known")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._forget_settled()
 
     @override
     def setup(self, **info: Any) -> None:
         super().setup(**info)
-        self._settled, self._settled_top, self._open, self._order, self._known = set(), [], {}, {}, 0  # afresh
+        self._forget_settled()  # afresh
+        self._order = {}
 
 
 def _delete_dir(fs: pafs.FileSystem, path: str) -> None:

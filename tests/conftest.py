@@ -61,7 +61,12 @@ def fresh_ray() -> Iterator[object]:
     was_running = ray.is_initialized()
     if was_running:
         ray.shutdown()
-    info = _init_ray()
+    cwd = os.getcwd()  # (a trainable run in this process may have moved it into a trial directory)
+    os.chdir(Path(__file__).resolve().parent.parent)  # its workers start here: they import tests.*
+    try:
+        info = _init_ray()
+    finally:
+        os.chdir(cwd)
     yield info
     ray.shutdown()
     if was_running:

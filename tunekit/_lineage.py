@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
-import pyarrow.dataset as pads
 
 from tunekit._checks import is_number
-from tunekit._result_frames import ITER, parquet_parts, row_config
+from tunekit._result_frames import ITER, parquet_parts, parts_table, row_config
 from tunekit.results import parse_result_lines, read_text
 from tunekit.snapshot import ExperimentSnapshot
 from tunekit.storage import Storage
@@ -49,9 +48,8 @@ def _logged_rows(experiment: Storage, snap: ExperimentSnapshot) -> dict[str, _Lo
     out: dict[str, _Logged] = {}
     parts = parquet_parts(experiment)
     if parts:
-        dataset = pads.dataset(parts, format="parquet", filesystem=experiment.filesystem)
-        columns = ["trial_id", ITER] + [c for c in dataset.schema.names if c.startswith("config/")]
-        table = dataset.to_table(columns=columns).to_pylist()
+        table = parts_table(experiment, parts,
+                            lambda names: ["trial_id", ITER] + [c for c in names if c.startswith("config/")]).to_pylist()
         for row in table:
             if is_number(row.get(ITER)):
                 config = {c[len("config/"):]: v for c, v in row.items() if c.startswith("config/")}

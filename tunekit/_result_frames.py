@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -22,11 +22,12 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from tunekit.results import parse_result_lines
+from tunekit.results import parse_result_lines, read_text
 from tunekit.storage import Storage, storage_errors
-from tunekit.table import RESULTS_DIR, flatten_result
+from tunekit.table import JOURNAL, RESULTS_DIR, flatten_result, rows_to_table
 
-__all__ = ["ITER", "dedupe_frame", "dedupe_order", "dedupe_table", "from_parquet", "from_result_json", "order_columns", "parquet_parts", "row_config"]
+__all__ = ["ITER", "dedupe_frame", "dedupe_order", "dedupe_table", "from_parquet", "from_result_json", "journal_table",
+           "order_columns", "parquet_parts", "parts_table", "row_config"]
 
 #: The iteration column.
 ITER = "training_iteration"
@@ -101,21 +102,53 @@ def dedupe_table(table: pa.Table) -> pd.DataFrame:
     return table.take(dedupe_order(table.column("trial_id"), table.column(ITER).to_pandas())).to_pandas()
 
 
+def _is_journal(path: str) -> bool:
+    return posixpath.basename(path).startswith(".part-") and path.endswith("-" + JOURNAL)
+
+
 def parquet_parts(experiment: Storage) -> list[str]:
+    """ParquetLogger's batch files and the journals of rows it secured but had not yet batched (a driver
+    killed: see :class:`tunekit.callbacks.ParquetLogger`), in the order they were written."""
     directory = posixpath.join(experiment.path, RESULTS_DIR)
     with storage_errors("list", f"{experiment.uri}/{RESULTS_DIR}"):
         infos = experiment.filesystem.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
     return sorted(
-        i.path for i in infos
-        if i.type == pafs.FileType.File and i.base_name.endswith(".parquet") and not i.base_name.startswith(".")
+        (i.path for i in infos if i.type == pafs.FileType.File and (
+            (i.base_name.endswith(".parquet") and not i.base_name.startswith(".")) or _is_journal(i.path))),
+        key=lambda path: posixpath.basename(path).lstrip("."),  # a session's journal after its batches
     )
 
 
+def journal_table(fs: pafs.FileSystem, path: str) -> pa.Table:
+    """A ParquetLogger journal's rows (a torn last line, from a kill inside a write, skipped)."""
+    return rows_to_table(parse_result_lines(read_text(fs, path) or "")[0])
+
+
+def parts_table(experiment: Storage, parts: list[str],
+                columns: Callable[[list[str]], list[str]] | None = None) -> pa.Table:
+    """Every row of ``parts`` (:func:`parquet_parts`: batches and journals), in the order logged; only the
+    columns ``columns(every column's name)`` names, when given."""
+    fs = experiment.filesystem
+    if not any(_is_journal(p) for p in parts):
+        dataset = pads.dataset(parts, format="parquet", filesystem=fs)
+        return dataset.to_table(columns=columns(dataset.schema.names) if columns else None)
+    tables = [journal_table(fs, p) if _is_journal(p) else pq.read_table(p, filesystem=fs) for p in parts]
+    table = pa.concat_tables([t for t in tables if t.num_rows] or tables[:1], promote_options="permissive")
+    return table.select(columns(table.schema.names)) if columns else table
+
+
 def from_parquet(experiment: Storage, parts: list[str], *, dedupe: bool = True) -> pd.DataFrame:
-    """The rows of the Parquet ``parts``, deduplicated and sorted (:func:`dedupe_order`), or every row in
-    the order logged (``dedupe=False``)."""
+    """The rows of the Parquet ``parts`` (and journals), deduplicated and sorted (:func:`dedupe_order`), or
+    every row in the order logged (``dedupe=False``)."""
     tidy = dedupe_frame if dedupe else (lambda df: df)
     fs = experiment.filesystem
+    if any(_is_journal(p) for p in parts):  # a driver was killed: its secured rows are read with the batches
+        try:
+            table = parts_table(experiment, parts)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # a key changed type between batches
+            tables = [journal_table(fs, p) if _is_journal(p) else pq.read_table(p, filesystem=fs) for p in parts]
+            return tidy(pd.concat([t.to_pandas() for t in tables], ignore_index=True, sort=False))
+        return dedupe_table(table) if dedupe else table.to_pandas()
     with ThreadPoolExecutor(max_workers=8) as pool:
         schemas = list(pool.map(lambda path: pq.read_schema(path, filesystem=fs), parts))
     schema = schemas[0]

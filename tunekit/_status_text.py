@@ -20,7 +20,7 @@ def _short(value: Any, width: int = 12) -> str:
 def print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None:
     import time as _time
 
-    from tunekit.interval import INTERVAL_KEY, describe_intervals, format_duration
+    from tunekit.interval import INTERVAL_KEY, trial_intervals
     from tunekit.results import format_ranges
     from tunekit.snapshot import format_counts, trial_checkpoint_bytes
     from tunekit.table import format_bytes, format_table
@@ -39,8 +39,7 @@ def print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None:
             if key not in keys and not isinstance(value, (dict, list)):
                 keys.append(key)
     varying = [k for k in keys if len({repr(t.config.get(k)) for t in snapshot.trials}) > 1][:5]
-    intervals = {t.trial_id: t.metric(INTERVAL_KEY) for t in snapshot.trials}
-    chosen = any(v is not None for v in intervals.values())  # CheckpointAutopilot's choice, when it ran
+    chosen = trial_intervals({t.trial_id: t.metric(INTERVAL_KEY) for t in snapshot.trials})  # the autopilot's
     headers = ["trial_id", "status", "iter", *( [metric] if metric else []), *varying, "ckpts", "ckpt size",
                *(["ckpt every"] if chosen else []), "error"]
     sizes = trial_checkpoint_bytes(snapshot)
@@ -53,15 +52,13 @@ def print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None:
         row += [_short(trial.config.get(k, "-")) for k in varying]
         row += [str(len(trial.checkpoints)), format_bytes(sizes[trial.trial_id])]
         if chosen:
-            interval = intervals[trial.trial_id]
-            row.append("-" if interval is None else format_duration(interval))
+            row.append(chosen[0][trial.trial_id])
         row.append(_short(trial.error or "", 60))
         rows.append(row)
     print(format_table(headers, rows))
     print(f"checkpoints: {sum(len(t.checkpoints) for t in snapshot.trials)}, {format_bytes(sum(sizes.values()))}")
     if chosen:
-        described = describe_intervals([v for v in intervals.values() if v is not None])
-        print(f"checkpoint interval (chosen by CheckpointAutopilot from save cost and failures): {described}")
+        print(f"checkpoint interval (chosen by CheckpointAutopilot from save cost and failures): {chosen[1]}")
     for trial in snapshot.trials:
         if trial.missing_iterations:
             print(

@@ -23,7 +23,7 @@ from tunekit._result_frames import ITER as _ITER
 from tunekit._result_frames import dedupe_frame, from_parquet, from_result_json, order_columns, parquet_parts, row_config
 from tunekit.checkpoint import load_model
 from tunekit.errors import ConfigError, ExperimentError, StorageError
-from tunekit.results import RESTORED_FROM_KEY, format_ranges, lost_iterations, restore_clones
+from tunekit.results import RESTORED_FROM_KEY, exploits_by_trial, format_ranges, rows_lost
 from tunekit.snapshot import BestCheckpoint, ExperimentSnapshot, read_experiment
 from tunekit.storage import Storage, resolve_storage
 from tunekit.table import RESULTS_DIR
@@ -87,11 +87,10 @@ def load_results(
     snap = snapshot if snapshot is not None else read_experiment(experiment, results=False)
     parts = parquet_parts(experiment) if source != "json" else []
     read_problems: list[str] = []
-    if parts:
-        df = from_parquet(experiment, parts)  # deduplicated and sorted as it is read
-    elif source == "parquet":
+    df = from_parquet(experiment, parts) if parts else None  # deduplicated and sorted as it is read
+    if df is None and source == "parquet":
         raise ExperimentError(f"{experiment.uri}: no {RESULTS_DIR}/*.parquet (was ParquetLogger used?)")
-    else:
+    if df is None or (df.empty and source == "auto"):  # (a journal alone may hold no row yet)
         df = dedupe_frame(from_result_json(experiment, [t.name for t in snap.trials], read_problems))
     if df.empty:
         return df
@@ -128,18 +127,19 @@ def _gaps(df: pd.DataFrame, snap: ExperimentSnapshot) -> dict[str, list[int]]:
     if not len(suspects):
         return {}
     continued = {t.trial_id for t in snap.trials if t.continued}
-    clones: dict[str, list[tuple[int, int]]] = {}
-    for e in snap.exploits:
-        clones.setdefault(e.target, []).append((e.iteration, e.source_iteration))
+    clones = exploits_by_trial(snap.exploits)
     names = {t.trial_id: t.name for t in snap.trials}
+    mask = df["trial_id"].isin(suspects).to_numpy()
+    part = pd.DataFrame({"trial_id": df["trial_id"].to_numpy()[mask], "it": iterations.to_numpy()[mask],
+                         "origin": df[RESTORED_FROM_KEY].to_numpy()[mask] if RESTORED_FROM_KEY in df else None})
     gaps = {}
-    for trial, rows in df[df["trial_id"].isin(suspects)].groupby("trial_id", sort=True):
-        its = pd.to_numeric(rows[_ITER], errors="coerce").tolist()
-        if RESTORED_FROM_KEY in rows.columns and str(trial) in names:  # exploits its rows record themselves
-            clones.setdefault(str(trial), []).extend(
-                restore_clones(zip(its, rows[RESTORED_FROM_KEY].tolist()), names[str(trial)]))
-        if missing := lost_iterations(its, clones=clones.get(str(trial), []), continued=str(trial) in continued):
-            gaps[str(trial)] = missing
+    for trial, rows in part.groupby("trial_id", sort=True):
+        trial = str(trial)
+        its = rows["it"].tolist()  # exploits its rows record themselves, where the trial is one of the snapshot's
+        origins = rows["origin"].tolist() if trial in names else [None] * len(its)
+        if missing := rows_lost(its, origins, own=names.get(trial, ""), exploits=clones.get(trial, []),
+                                continued=trial in continued):
+            gaps[trial] = missing
     return gaps
 
 

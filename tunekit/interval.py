@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tunekit.errors import ConfigError
 
@@ -39,6 +41,7 @@ __all__ = [
     "expected_runtime",
     "format_duration",
     "parse_duration",
+    "trial_intervals",
     "young_interval",
 ]
 
@@ -164,3 +167,17 @@ def describe_intervals(values: list[float]) -> str | None:
     if format_duration(low) == format_duration(high):
         return f"every {format_duration(low)}"
     return f"every {format_duration(low)}-{format_duration(high)} (median {format_duration(median)})"
+
+
+def trial_intervals(chosen: Mapping[str, Any]) -> tuple[dict[str, str], str] | None:
+    """The readers' column and line for the intervals the autopilot chose (``chosen``: each trial's
+    last :data:`INTERVAL_KEY`, None where it has none): each trial's interval as shown (``"-"`` where none)
+    and :func:`describe_intervals` of them all; None when the autopilot did not run.
+
+    >>> trial_intervals({"a": 8.0, "b": None})
+    ({'a': '8s', 'b': '-'}, 'every 8s')
+    """
+    described = describe_intervals([v for v in chosen.values() if v is not None])
+    if described is None:
+        return None
+    return {k: "-" if v is None else format_duration(v) for k, v in chosen.items()}, described

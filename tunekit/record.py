@@ -68,9 +68,9 @@ def json_safe(value: Any) -> Any:
     return {"unrecorded": repr(value)[:200]}
 
 
-def write_record(fs: pafs.FileSystem, experiment_path: str, record: dict[str, Any]) -> None:
-    """Replace ``EXP/tunekit-experiment.json`` with ``record``, atomically."""
-    data = json.dumps(record, indent=1, sort_keys=True).encode()
+def write_record(fs: pafs.FileSystem, experiment_path: str, record: dict[str, Any] | str) -> None:
+    """Replace ``EXP/tunekit-experiment.json`` with ``record`` (or its JSON text), atomically."""
+    data = (record if isinstance(record, str) else json.dumps(record, indent=1, sort_keys=True)).encode()
     target = posixpath.join(experiment_path, RECORD_NAME)
     if isinstance(fs, pafs.LocalFileSystem):
         tmp = posixpath.join(experiment_path, f".{RECORD_NAME}.tmp-{os.getpid()}")
@@ -162,6 +162,10 @@ class ExperimentRecorder:
         #: At the end: trials Tune stopped because the run itself stopped (Ctrl-C, SIGTERM, a stopper).
         self.interrupted: list[str] = []
         self._target: tuple[pafs.FileSystem, str] | None = None
+        #: The run's constants (trainable, checkpoint config: read once) and each trial's entry with what it
+        #: was built from (rebuilt when that changed: the record is rewritten every second of a long sweep).
+        self._constants: tuple[str | None, dict[str, Any] | None] | None = None
+        self._entries: dict[str, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
 
     def describe_callback(self, callback: Any) -> None:
         name = f"{type(callback).__module__}:{type(callback).__qualname__}"
@@ -180,38 +184,48 @@ class ExperimentRecorder:
             return None
         first = trials[0]
         stop = self.info.get("stop")
+        if self._constants is None:
+            self._constants = (_trainable_spec(first), _checkpoint_config(first))
+        interrupted = set(self.interrupted)
         return {
             "format": FORMAT,
             "version": VERSION,
             "name": posixpath.basename(posixpath.dirname(first.path)),
-            "trainable": _trainable_spec(first),
+            "trainable": self._constants[0],
             "stop": json_safe(stop) if isinstance(stop, dict) else json_safe(getattr(first, "stopping_criterion", None)),
             "stop_is_dict": stop is None or isinstance(stop, dict),
             "num_samples": json_safe(self.info.get("num_samples")),
             "total_num_samples": json_safe(self.info.get("total_num_samples")),
             "metric": self.metric,
             "mode": self.mode,
-            "checkpoint_config": _checkpoint_config(first),
+            "checkpoint_config": self._constants[1],
             "scheduler": self.scheduler,
             "callbacks": [{"class": k, "kwargs": v} for k, v in sorted(self.callbacks.items())],
-            "trials": [self._trial(t) for t in trials],
+            "trials": [self._trial(t, interrupted) for t in trials],
             "driver": {"host": socket.gethostname(), "pid": os.getpid()},
             "ended": self.ended,
             "interrupted": self.interrupted,
         }
 
-    def _trial(self, trial: Any) -> dict[str, Any]:
-        last = trial.last_result or {}
-        return {
+    def _trial(self, trial: Any, interrupted: set[str]) -> dict[str, Any]:
+        iteration = (trial.last_result or {}).get("training_iteration")
+        # Tune marks the trials it stops because the run stops TERMINATED; they did not finish.
+        status = "INTERRUPTED" if trial.trial_id in interrupted else trial.status
+        made_of = (trial.path, status, iteration, _registered_checkpoint(trial))
+        known = self._entries.get(trial.trial_id)
+        if known is not None and known[0] is trial.config and known[1] == made_of:  # (a new config is a new dict)
+            return known[2]
+        entry = {
             "trial_id": trial.trial_id,
             "dir": posixpath.basename(trial.path),
-            # Tune marks the trials it stops because the run stops TERMINATED; they did not finish.
-            "status": "INTERRUPTED" if trial.trial_id in self.interrupted else trial.status,
+            "status": status,
             "config": json_safe(trial.config),
-            "iteration": json_safe(last.get("training_iteration")),
+            "iteration": json_safe(iteration),
             "stop": json_safe(getattr(trial, "stopping_criterion", None)),
-            "checkpoint": _registered_checkpoint(trial),
+            "checkpoint": made_of[3],
         }
+        self._entries[trial.trial_id] = (trial.config, made_of, entry)
+        return entry
 
     def flush(self, *, force: bool = False) -> None:
         now = time.monotonic()
@@ -221,10 +235,11 @@ class ExperimentRecorder:
         record = self.build()
         if record is None:
             return
-        text = json.dumps(record, sort_keys=True)
+        text = json.dumps(record, indent=1, sort_keys=True)  # (ends "\n}")
         if text == self._last_text and now - self._last_written < HEARTBEAT_S and not force:
             return
-        record["updated"] = time.time()  # wall clock: read by other processes and machines (tunekit gc)
+        # wall clock, read by other processes and machines (tunekit gc): added to the text, not dumped again
+        written = f'{text[:-2]},\n "updated": {json.dumps(time.time())}\n}}'
         if self._target is None:
             from tunekit._ray import trial_filesystem
 
@@ -232,7 +247,7 @@ class ExperimentRecorder:
             self._target = (trial_filesystem(first), posixpath.dirname(first.path))
         fs, path = self._target
         try:
-            write_record(fs, path, record)
+            write_record(fs, path, written)
         except OSError as exc:  # the record is a safety net: a failed write must not fail the run
             import logging
 

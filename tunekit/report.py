@@ -21,7 +21,7 @@ import pandas as pd
 
 from tunekit.analysis import Lineage, load_results, pbt_lineage
 from tunekit.errors import ConfigError, ExperimentError
-from tunekit.interval import INTERVAL_KEY, describe_intervals, format_duration
+from tunekit.interval import INTERVAL_KEY, trial_intervals
 from tunekit.results import format_ranges
 from tunekit.snapshot import RAY_KEYS, BestCheckpoint, ExperimentSnapshot, format_counts, read_experiment
 from tunekit.storage import Storage, resolve_storage
@@ -236,20 +236,18 @@ def write_report(
     shown = [k for k in params] or sorted({k for t in snapshot.trials for k in t.config if not _not_a_hyperparameter(k)})[:4]
     trial_rows = []
     last = df.groupby("trial_id").tail(1).set_index("trial_id")
-    intervals = {t.trial_id: t.metric(INTERVAL_KEY) for t in snapshot.trials}
-    chosen = any(v is not None for v in intervals.values())  # CheckpointAutopilot ran
+    chosen = trial_intervals({t.trial_id: t.metric(INTERVAL_KEY) for t in snapshot.trials})  # the autopilot's
     for t in snapshot.trials:
         value = last[metric].get(t.trial_id) if t.trial_id in last.index else None
-        every = [] if not chosen else ["-" if intervals[t.trial_id] is None else format_duration(intervals[t.trial_id])]
+        every = [chosen[0][t.trial_id]] if chosen else []
         trial_rows.append([t.trial_id, t.status, t.iterations, value, *(t.config.get(k) for k in shown),
                            len(t.checkpoints), *every, (t.error or "")[:80]])
     sections.append("<h2>Trials</h2>" + _table(
         ["trial", "status", "iterations", f"last {metric}", *shown, "checkpoints",
          *(["checkpoint every"] if chosen else []), "error"], trial_rows))
     if chosen:
-        described = describe_intervals([v for v in intervals.values() if v is not None])
         sections.append(f"<p>Checkpoint interval, chosen by CheckpointAutopilot from each trial's save cost and the "
-                        f"failures seen: {html.escape(str(described))}.</p>")
+                        f"failures seen: {html.escape(chosen[1])}.</p>")
     gaps = df.attrs.get("missing_iterations") or {}
     if gaps:
         sections.append("<p class='warn'>Rows Ray's result.json lost (tunekit.callbacks.ParquetLogger keeps every "

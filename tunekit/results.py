@@ -25,12 +25,14 @@ from tunekit.storage import storage_errors
 __all__ = [
     "RESTORED_FROM_KEY",
     "dedupe_lineage",
+    "exploits_by_trial",
     "format_ranges",
     "lost_iterations",
     "missing_iterations",
     "parse_result_lines",
     "read_text",
     "restore_clones",
+    "rows_lost",
 ]
 
 #: Result key: on a trial's first result after a restore, the name of the trial directory whose checkpoint
@@ -151,6 +153,29 @@ def restore_clones(rows: Any, own: str) -> list[tuple[int, int]]:
                 and iteration == iteration:
             out.append((int(iteration) - 1, int(iteration) - 1))
     return out
+
+
+def exploits_by_trial(exploits: Any) -> dict[str, list[tuple[int, int]]]:
+    """The experiment's exploits (each with ``target``, ``iteration``, ``source_iteration``, as
+    :func:`tunekit.pbt.read_exploits` gives them) grouped by the trial that went on from a donor:
+    ``(its iteration, the donor checkpoint's iteration)``, :func:`lost_iterations`' ``clones``."""
+    grouped: dict[str, list[tuple[int, int]]] = {}
+    for e in exploits:
+        grouped.setdefault(e.target, []).append((e.iteration, e.source_iteration))
+    return grouped
+
+
+def rows_lost(iterations: list[Any], restored_from: list[Any], *, own: str, exploits: list[tuple[int, int]],
+              continued: bool) -> list[int]:
+    """One trial's lost rows (:func:`lost_iterations`): the jumps in its ``iterations`` that neither the
+    experiment's record of its exploits (``exploits``, from :func:`exploits_by_trial`) nor the restores its
+    rows record (``restored_from`` beside each iteration: :func:`restore_clones`) explain.
+
+    >>> rows_lost([1, 2, 5, 9], [None, None, "t_b", None], own="t_a", exploits=[], continued=False)
+    [6, 7, 8]
+    """
+    clones = [*exploits, *restore_clones(zip(iterations, restored_from), own)]
+    return lost_iterations(iterations, clones=clones, continued=continued)
 
 
 def format_ranges(numbers: list[int]) -> str:

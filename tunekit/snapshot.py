@@ -36,7 +36,7 @@ from tunekit.checkpoint import read_metadata, unsupported_format
 from tunekit.errors import CheckpointError
 from tunekit.experiment_dir import TrialDir, checkpoint_bytes, find_trials
 from tunekit.record import interrupted_trials
-from tunekit.results import RESTORED_FROM_KEY, dedupe_lineage, lost_iterations, parse_result_lines, read_text, restore_clones
+from tunekit.results import RESTORED_FROM_KEY, dedupe_lineage, exploits_by_trial, parse_result_lines, read_text, rows_lost
 from tunekit._pickles import tuner_pickle_problem
 from tunekit.storage import Storage, resolve_storage
 
@@ -381,11 +381,11 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
     trials.sort(key=lambda t: t.trial_id)
     exploits = read_exploits(experiment, trial_tags(trials))
     interrupted = interrupted_trials(experiment.filesystem, experiment.path, trials)
+    clones = exploits_by_trial(exploits)
     for t in trials:
-        its = [r.get("training_iteration") for r in t.results]
-        clones = [(e.iteration, e.source_iteration) for e in exploits if e.target == t.trial_id]
-        restored = restore_clones(zip(its, [r.get(RESTORED_FROM_KEY) for r in t.results]), t.name)
-        t.missing_iterations = lost_iterations(its, clones=clones + restored, continued=t.continued)
+        t.missing_iterations = rows_lost([r.get("training_iteration") for r in t.results],
+                                         [r.get(RESTORED_FROM_KEY) for r in t.results], own=t.name,
+                                         exploits=clones.get(t.trial_id, []), continued=t.continued)
     return ExperimentSnapshot(
         name=posixpath.basename(experiment.path.rstrip("/")),
         location=experiment.uri,

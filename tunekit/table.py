@@ -10,10 +10,13 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-__all__ = ["RESULTS_DIR", "flatten_result", "format_bytes", "format_table", "rows_to_table"]
+__all__ = ["JOURNAL", "RESULTS_DIR", "flatten_result", "format_bytes", "format_table", "rows_to_table"]
 
 #: Where :class:`tunekit.callbacks.ParquetLogger` writes, inside the experiment directory.
 RESULTS_DIR = "tunekit_results"
+#: The end of the name of a session's journal there (``.part-<session>-journal.jsonl``): the rows it secured
+#: and has not yet written as Parquet, one JSON object a line.
+JOURNAL = "journal.jsonl"
 
 
 def flatten_result(result: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -59,6 +59,10 @@ class Injector:
         max_kills: Stop after this many kills.
         trainable: The process title prefix of trial workers (``ray::<name>``), for random kills.
         seed: The random choices' seed.
+        aim: Where inside a doomed write to kill: None, anywhere (a uniform time within a typical write's
+            length: most kills land before ``state.pt`` is whole, the longest phase); ``"manifest"``, once
+            ``state.pt`` and the metadata are written, while the manifest hashes them (a write that ends
+            before that is let through).
     """
 
     root: str
@@ -67,11 +71,14 @@ class Injector:
     max_kills: int = 8
     trainable: str = ""
     seed: int = 0
+    aim: str | None = None
     kills: list[Kill] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def __enter__(self) -> Injector:
+        if self.aim not in (None, "manifest"):
+            raise ValueError(f"Injector(aim={self.aim!r}): expected None or 'manifest'")
         self._start = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="tunekit-injector", daemon=True)
         self._thread.start()
@@ -109,7 +116,13 @@ class Injector:
                 durations.append(now - seen[path])
                 seen[path] = -1.0  # measured once
             for path, (pid, when) in list(doomed.items()):
-                if now >= when:
+                if self.aim == "manifest":
+                    if path not in writes:
+                        del doomed[path]  # over before its manifest was begun
+                    elif _has_metadata(path) and not os.path.exists(os.path.join(path, MANIFEST_FILE)):
+                        del doomed[path]
+                        self._kill_writer(path, pid)
+                elif now >= when:
                     del doomed[path]
                     self._kill_writer(path, pid)
             if next_random is not None and time.monotonic() >= next_random:

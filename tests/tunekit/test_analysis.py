@@ -6,6 +6,7 @@ import json
 import struct
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pyarrow.fs as pafs
@@ -270,3 +271,37 @@ def test_lineage_places_exploits_where_the_rows_show_them(tmp_path):
     exploits = pbt_lineage(str(exp)).exploits
     assert exploits[["target", "source", "iteration", "source_iteration"]].values.tolist() == [
         ["a", "d", 2, 2], ["b", "d", 2, 2], ["c", "a", 4, 4], ["d", "b", 4, 4]]
+
+
+def test_rows_secured_in_the_journal_outlive_a_killed_driver_and_the_next_run_batches_them(tmp_path):
+    exp = tmp_path / "exp"
+    (exp / "t1").mkdir(parents=True)
+    (exp / "t1" / "params.json").write_text("{}")
+    trial = SimpleNamespace(trial_id="t1", path=str(exp / "t1"), checkpoint=None,
+                            storage=SimpleNamespace(storage_filesystem=pafs.LocalFileSystem()))
+
+    def report(logger, *iterations):
+        for i in iterations:
+            logger.on_trial_result(i, [trial], trial, {"training_iteration": i, "loss": 1.0 / i})
+
+    killed = ParquetLogger()
+    killed.setup()
+    report(killed, 1, 2, 3)
+    killed.on_checkpoint(3, [trial], trial, None)  # rows 1-3 secured: the trial will not run them again
+    report(killed, 4)  # not secured: after the checkpoint, it runs again
+    results = exp / "tunekit_results"
+    assert not list(results.glob("*.parquet"))  # (no batch was due: the journal holds them)
+    (journal,) = results.glob(".part-*-journal.jsonl")
+    with open(journal, "a") as fh:
+        fh.write('{"trial_id": "t1", "training_it')  # the driver killed inside a line
+    # the driver is gone: what it secured reads back, the torn line skipped
+    assert load_results(str(exp), source="parquet")["training_iteration"].tolist() == [1, 2, 3]
+
+    resumed = ParquetLogger()
+    resumed.setup()
+    report(resumed, 4, 5)
+    resumed.on_experiment_end([trial])
+    names = sorted(p.name for p in results.iterdir())
+    assert names == [f"{journal.name[1:-len('jsonl')]}parquet", names[1]] and names[1].endswith("-000000.parquet")
+    assert pd.read_parquet(results)["training_iteration"].tolist() == [1, 2, 3, 4, 5]  # pyarrow's own reader
+    assert load_results(str(exp), source="parquet")["training_iteration"].tolist() == [1, 2, 3, 4, 5]

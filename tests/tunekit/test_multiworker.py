@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
@@ -102,16 +103,20 @@ def test_killed_mid_epoch_and_inside_a_write_finishes_bit_exact(mode, fresh_ray,
         _reshards_and_falls_back(storage / mode, checkpoints, clean, tmp_path, capsys)
 
 
-def _restore(checkpoint: Path, workers: int, dump: Path) -> dict:
-    """Restore ``checkpoint`` in a Train run of ``workers`` workers; the whole state it restored."""
+def _train(workers: int, run: Path, **config: Any) -> Any:
+    """The FSDP loop in a plain Ray Train run of ``workers`` workers (no Tune)."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    TorchTrainer(loop, train_loop_config={**CONFIG, "mode": "fsdp", "dump_restored": str(dump),
-                                          "resume_from": str(checkpoint)},
-                 scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.9}),
-                 torch_config=TorchConfig(backend="gloo"),
-                 run_config=RunConfig(name=dump.stem, storage_path=str(dump.parent))).fit()
+    return TorchTrainer(loop, train_loop_config={**CONFIG, "mode": "fsdp", **config},
+                        scaling_config=ScalingConfig(num_workers=workers, resources_per_worker={"CPU": 0.9}),
+                        torch_config=TorchConfig(backend="gloo"),
+                        run_config=RunConfig(name=run.name, storage_path=str(run.parent))).fit()
+
+
+def _restore(checkpoint: Path, workers: int, dump: Path) -> dict:
+    """Restore ``checkpoint`` in a Train run of ``workers`` workers; the whole state it restored."""
+    _train(workers, dump.with_suffix(""), dump_restored=str(dump), resume_from=str(checkpoint))
     return torch.load(dump, weights_only=True)
 
 
@@ -120,6 +125,16 @@ def _reshards_and_falls_back(experiment: Path, checkpoints: list[Path], final: d
     on_one = _restore(checkpoints[-1], 1, tmp_path / "on-one.pt")
     assert on_one["iteration"] == CONFIG["epochs"]
     assert all(torch.equal(on_one["weights"][k], final[k]) for k in final)
+    # written by 1 worker (one more epoch from there), restored by 2: resharded the other way
+    (tmp_path / "one").mkdir()
+    by_one = Path(_train(1, tmp_path / "one-run", epochs=CONFIG["epochs"] + 1, resume_from=str(checkpoints[-1]),
+                         out=str(tmp_path / "one")).checkpoint.path)
+    assert json.loads((by_one / "ranks.json").read_text())["world_size"] == 1 and verify_checkpoint(str(by_one)).ok
+    on_two = _restore(by_one, 2, tmp_path / "on-two.pt")
+    assert on_two["iteration"] == CONFIG["epochs"] + 1
+    final_one = _final(tmp_path, "one")
+    assert final_one.keys() == on_two["weights"].keys()
+    assert all(torch.equal(on_two["weights"][k], final_one[k]) for k in final_one)
     # one flipped shard: `tunekit verify` names it; a restore falls back to the newest checkpoint whose every
     # shard verifies (iteration 3), on every rank
     flip_byte(pafs.LocalFileSystem(), str(checkpoints[-1] / "rank-1"), "__1_0.distcp")

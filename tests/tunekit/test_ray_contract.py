@@ -156,6 +156,9 @@ def test_trial_worker_and_reset_keys_are_as_relied_on():
     from ray.tune.experiment.trial import _TemporaryTrialState, _TrialInfo
 
     assert _TemporaryTrialState().ray_actor is None, "Ray changed: Trial.temporary_state.ray_actor"
+    state = _TemporaryTrialState()  # supports_clone keeps its answer there: never saved, never shared
+    state.tunekit_clones = True
+    assert state.__getstate__() == {}, "Ray changed: Trial.temporary_state is saved with the trial"
     for key in ("TRIAL_INFO", "STDOUT_FILE", "STDERR_FILE"):
         assert isinstance(getattr(result, key, None), str), f"Ray changed: ray.tune.result.{key}"
     for attr in ("latest_checkpoint_result", "get_trainable_cls"):

@@ -48,6 +48,11 @@ def test_resume_after_kill_completes_every_trial_exactly(point, reference, stora
     exp = _run_killed_driver(point, storage, "exp")
     before = read_experiment(str(exp))
     assert not all(t.status == "TERMINATED" for t in before.trials), "the driver was not interrupted"
+    # what the killed driver's ParquetLogger secured (at each checkpoint: in its journal) reads back whole
+    secured = load_results(str(exp), source="parquet")
+    assert not secured.empty
+    for trial, its in secured.groupby("trial_id")["training_iteration"].apply(list).items():
+        assert its == list(range(1, len(its) + 1)), (trial, its)
 
     assert main(["resume", str(exp)]) == 0
     out = capsys.readouterr().out

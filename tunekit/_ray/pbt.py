@@ -47,12 +47,19 @@ class _NoPause:
 
 
 def supports_clone(trial: Any) -> bool:
-    """Whether the trial's trainable can clone a donor in its own worker (tunekit trainables: ``tunekit_clone``)."""
-    try:
-        cls = trial.get_trainable_cls()
-    except Exception:  # noqa: BLE001 - unknown or unregistered trainable: Ray's path
-        return False
-    return isinstance(cls, type) and callable(getattr(cls, "tunekit_clone", None))
+    """Whether the trial's trainable can clone a donor in its own worker (tunekit trainables: ``tunekit_clone``).
+
+    Asked of every trial Tune starts and ends; the answer is kept in the trial's temporary state (which
+    Ray never saves) because ``get_trainable_cls`` reads and unpickles the class from Ray's registry."""
+    state = trial.temporary_state
+    known = getattr(state, "tunekit_clones", None)
+    if known is None:
+        try:
+            cls = trial.get_trainable_cls()
+        except Exception:  # noqa: BLE001 - unknown or unregistered trainable: Ray's path
+            cls = None
+        known = state.tunekit_clones = isinstance(cls, type) and callable(getattr(cls, "tunekit_clone", None))
+    return known
 
 
 def clone_in_place(trial: Any) -> None:
