@@ -24,6 +24,7 @@ Usage::
     python benchmarks/many_trials.py                    # 400 trials, one run of each (about 5 minutes on 2 CPUs)
     python benchmarks/many_trials.py --trials 100 --repeats 3
     python benchmarks/many_trials.py --driver-memory 100,2000 --variants plain,class+callbacks --repeats 3
+    python benchmarks/many_trials.py --trials 2000 --fresh --repeats 3   # a driver process per sweep
 """
 
 from __future__ import annotations
@@ -169,6 +170,40 @@ def _time_command(args: list[str], runs: int = 3) -> str:
     return f"{best:6.2f} s (exit {code})"
 
 
+def _child(args: argparse.Namespace, variant: str, trials: int, keep: str | None = None) -> tuple[float, float]:
+    """One sweep in a fresh driver process: its wall time (s) and the driver's peak RSS (MiB)."""
+    done = subprocess.run([sys.executable, __file__, "--trials", str(trials), "--iterations", str(args.iterations),
+                           "--variants", variant, "--scheduler", args.scheduler, "--print-peak-rss",
+                           *(["--keep", keep] if keep else [])], capture_output=True, text=True, check=False)
+    said = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith(("peak-rss-kib ", "wall-s ")))
+    if done.returncode or len(said) != 2:
+        raise SystemExit(f"{variant} at {trials} trials failed: {done.stderr.strip().splitlines()[-3:]}")
+    return float(said["wall-s"]), int(said["peak-rss-kib"]) / 1024
+
+
+def _fresh(args: argparse.Namespace, variants: list[str]) -> int:
+    """Each sweep in a driver process of its own (nothing one sweep leaves in Ray's driver slows the next),
+    the variants' order rotated each round; every run against plain's run of the same round."""
+    every: dict[str, list[float]] = {v: [] for v in variants}
+    for repeat in range(args.repeats):
+        for variant in variants[repeat % len(variants):] + variants[:repeat % len(variants)]:
+            keep = os.path.join(args.keep, f"r{repeat}") if args.keep else None
+            wall, peak = _child(args, variant, args.trials, keep)
+            every[variant].append(wall)
+            print(f"  {variant:16s} run {repeat + 1}: {wall:7.1f} s  (driver peak RSS {peak:6.1f} MiB)", flush=True)
+    print(f"\n{args.trials} trials x {args.iterations} iterations, {args.scheduler}, a fresh driver per sweep; "
+          "each run against plain's run of the same round")
+    plain = every.get("plain")
+    for variant in variants:
+        runs = ", ".join(f"{w:.1f}" for w in every[variant])
+        line = f"  {variant:16s} runs {runs} s"
+        if plain:
+            ratios = [w / p for w, p in zip(every[variant], plain)]
+            line += f"  -> {', '.join(f'{r:.2f}x' for r in ratios)} plain (worst {max(ratios):.2f}x)"
+        print(line)
+    return 0
+
+
 def _driver_memory(args: argparse.Namespace, variants: list[str]) -> int:
     """Each variant's driver peak RSS at two trial counts, each sweep in a fresh driver process."""
     counts = [int(n) for n in args.driver_memory.split(",")]
@@ -178,13 +213,7 @@ def _driver_memory(args: argparse.Namespace, variants: list[str]) -> int:
     for repeat in range(args.repeats):
         for variant in variants:
             for n in counts:
-                done = subprocess.run([sys.executable, __file__, "--trials", str(n), "--iterations",
-                                       str(args.iterations), "--variants", variant, "--scheduler", args.scheduler,
-                                       "--print-peak-rss"], capture_output=True, text=True, check=False)
-                lines = [line for line in done.stdout.splitlines() if line.startswith("peak-rss-kib ")]
-                if done.returncode or not lines:
-                    raise SystemExit(f"{variant} at {n} trials failed: {done.stderr.strip().splitlines()[-3:]}")
-                peaks[(variant, n)] = int(lines[0].split()[1]) / 1024
+                peaks[(variant, n)] = _child(args, variant, n)[1]
                 print(f"  {variant:16s} {n:6d} trials (run {repeat + 1}): driver peak RSS {peaks[(variant, n)]:7.1f} MiB",
                       flush=True)
         low, high = counts
@@ -207,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver-memory", metavar="N,M",
                         help="instead: each variant's driver peak RSS at N and at M trials (a fresh driver "
                              "process per sweep), and tunekit's growth against plain's per 1,000 trials")
+    parser.add_argument("--fresh", action="store_true",
+                        help="each sweep in a driver process of its own, the variants' order rotated each round")
     parser.add_argument("--print-peak-rss", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--keep", metavar="DIR", help="keep the experiments: make them in DIR, not a temporary one")
     args = parser.parse_args(argv)
@@ -215,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--variants from {VARIANTS}, --repeats and --trials >= 1")
     if args.driver_memory:
         return _driver_memory(args, variants)
+    if args.fresh:
+        return _fresh(args, variants)
 
     import ray
     import ray.cloudpickle
@@ -252,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         import resource
 
         print(f"peak-rss-kib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}")
-        shutil.rmtree(root, ignore_errors=True)
+        print(f"wall-s {every[variants[0]][0]}")
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
         return 0
     print(f"\n{args.trials} trials x {args.iterations} iterations, Linear(16, 1), checkpoint every 2 and at end, "
           f"reuse_actors=True, {args.scheduler}, {cpus} CPUs; each run against plain's run of the same round")

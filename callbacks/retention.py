@@ -96,6 +96,8 @@ class KeepCheckpoints(TunekitCallback):
         #: (trial order, position, trial id, checkpoint): the settled trials' best for experiment_best.
         self._settled_top: list[tuple[int, int, str, CheckpointSummary]] = []
         self._open: dict[str, Trial] = {}
+        #: Trials Tune has queued, not started, with nothing registered: walked once they start.
+        self._waiting: dict[str, Trial] = {}
         self._known = 0
 
     def _recorded_kwargs(self) -> dict[str, Any] | None:
@@ -175,8 +177,15 @@ class KeepCheckpoints(TunekitCallback):
                 return list(trials)
         for k, trial in enumerate(trials[self._known:], start=self._known):
             self._order[trial.trial_id] = k
-            self._open[trial.trial_id] = trial
+            if trial.status == Trial.PENDING and trial.checkpoint is None:
+                self._waiting[trial.trial_id] = trial  # (a search queues trials far ahead of the CPUs)
+            else:
+                self._open[trial.trial_id] = trial
         self._known = len(trials)
+        for tid, trial in list(self._waiting.items()):
+            if trial.status != Trial.PENDING:
+                del self._waiting[tid]
+                self._open[tid] = trial
         return list(self._open.values())
 
     def _settle(self, open_trials: list[Trial], by_trial: dict[str, list[CheckpointSummary]],
@@ -292,7 +301,7 @@ class KeepCheckpoints(TunekitCallback):
     def __getstate__(self) -> dict[str, Any]:
         self.wait()  # (Ray keeps the callbacks in tuner.pkl: no thread in there, nor what a run settled)
         state = {**self.__dict__, "_executor": None, "_pending": [], "_order": {}}
-        return {k: v for k, v in state.items() if k not in ("_settled", "_settled_top", "_open", "_known")}
+        return {k: v for k, v in state.items() if k not in ("_settled", "_settled_top", "_open", "_waiting", "_known")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

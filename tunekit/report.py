@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 
 from tunekit.analysis import Lineage, load_results, pbt_lineage
@@ -66,36 +67,53 @@ def _png(fig: Any, path: Path) -> str:
     return base64.b64encode(data).decode()
 
 
-def _segments(rows: pd.DataFrame, breaks: set[int]) -> list[pd.DataFrame]:
-    """A trial's rows cut where its weights were replaced: after each iteration in ``breaks``, and at jumps."""
-    iterations = pd.to_numeric(rows["training_iteration"], errors="coerce").tolist()
-    cuts = [0] + [
-        k for k in range(1, len(iterations))
-        if iterations[k - 1] in breaks or iterations[k] != iterations[k - 1] + 1
-    ] + [len(iterations)]
-    return [rows.iloc[a:b] for a, b in zip(cuts, cuts[1:]) if b > a]
+def _segment_starts(trials: np.ndarray, iterations: np.ndarray, breaks: dict[str, set[int]]) -> np.ndarray:
+    """Where the curve segments of rows grouped by trial (each in iteration order) start: at a new trial, at a
+    jump in iterations, and after each iteration in ``breaks[trial]`` (its weights were replaced there)."""
+    n = len(iterations)
+    start = np.ones(n, dtype=bool)
+    if n > 1:
+        start[1:] = (trials[1:] != trials[:-1]) | (iterations[1:] != iterations[:-1] + 1)
+        for k in np.flatnonzero(~start[1:]) + 1:  # (a loop over the rows that continue a segment)
+            if iterations[k - 1] in breaks.get(trials[k], ()):
+                start[k] = True
+    return np.flatnonzero(start)
 
 
 def _learning_curves(plt: Any, df: pd.DataFrame, metric: str, exploits: dict[str, set[int]]) -> Any:
+    """Every trial's curve, drawn as one collection of line segments (one ``plot`` per trial takes seconds
+    at thousands of trials)."""
+    from matplotlib.collections import LineCollection
+    from matplotlib.lines import Line2D
+
     fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
-    cloned = False
-    for i, (trial_id, rows) in enumerate(df.groupby("trial_id")):
-        color = plt.cm.tab10(i % 10)
-        for k, part in enumerate(_segments(rows, exploits.get(str(trial_id), set()))):
-            ax.plot(part["training_iteration"], part[metric], linewidth=1.2, color=color,
-                    label=str(trial_id) if k == 0 else None)
-            if k:  # the weights came from a donor here: mark the break instead of drawing across it
-                ax.plot(part["training_iteration"].iloc[:1], part[metric].iloc[:1], marker="o",
-                        markerfacecolor="white", color=color, linestyle="none")
-                cloned = True
+    trials = df["trial_id"].astype(str).to_numpy()
+    names, codes = np.unique(trials, return_inverse=True)  # (sorted, as groupby's colours were)
+    order = np.lexsort((np.arange(len(codes)), codes))  # each trial's rows together, in their order
+    trials, codes = trials[order], codes[order]
+    its = pd.to_numeric(df["training_iteration"], errors="coerce").to_numpy(dtype=float)[order]
+    values = pd.to_numeric(df[metric], errors="coerce").to_numpy(dtype=float)[order]
+    starts = _segment_starts(trials, its, exploits)
+    ends = np.append(starts[1:], len(its))
+    colors = [plt.cm.tab10(codes[a] % 10) for a in starts]
+    ax.add_collection(LineCollection([np.column_stack((its[a:b], values[a:b])) for a, b in zip(starts, ends)],
+                                     colors=colors, linewidths=1.2))
+    ax.autoscale_view()
+    # a segment that continues its trial: the weights came from a donor here; marked instead of drawn across
+    cloned = [k for k, a in enumerate(starts) if a > 0 and codes[a] == codes[a - 1]]
     if cloned:
-        ax.plot([], [], marker="o", markerfacecolor="white", color="grey", linestyle="none",
-                label="after a PBT exploit")
+        at = starts[cloned]
+        ax.scatter(its[at], values[at], marker="o", facecolors="white", edgecolors=[colors[k] for k in cloned],
+                   zorder=3)
     ax.set_xlabel("training_iteration")
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} per trial" + (" (a break: the trial took a donor's weights)" if cloned else ""))
-    if df["trial_id"].nunique() <= 12:
-        ax.legend(fontsize=7, ncol=2)
+    if len(names) <= 12:
+        handles = [Line2D([], [], color=plt.cm.tab10(i % 10), linewidth=1.2, label=name) for i, name in enumerate(names)]
+        if cloned:
+            handles.append(Line2D([], [], marker="o", markerfacecolor="white", color="grey", linestyle="none",
+                                  label="after a PBT exploit"))
+        ax.legend(handles=handles, fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
     return fig
 

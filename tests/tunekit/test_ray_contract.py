@@ -101,6 +101,19 @@ def test_private_callable_exists_with_the_signature_relied_on(name, params):
     assert in_order == params, f"Ray changed: {name} takes {got}, tunekit relies on {params}"
 
 
+def test_an_actor_handle_knows_its_methods(ray_session):
+    """supports_clone asks a trial's worker handle whether its class has ``tunekit_clone``."""
+    import ray
+
+    from tunekit.trainables import DigitsTrainable
+
+    handle = ray.remote(num_cpus=0)(DigitsTrainable).remote(config={"hidden_size": 8, "steps_per_iteration": 2})
+    try:
+        assert hasattr(handle, "tunekit_clone") and not hasattr(handle, "no_such_method"), "Ray changed: ActorHandle"
+    finally:
+        ray.kill(handle)
+
+
 def test_storage_and_trainable_internals_behave_as_relied_on(ray_session, tmp_path):
     """A tunekit class trainable in this process saves in place and restores through every private name."""
     from tunekit.trainables import DigitsTrainable

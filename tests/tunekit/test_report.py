@@ -6,10 +6,11 @@ import re
 import shutil
 import subprocess
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from tunekit.report import _segments, hyperparameters, write_report
+from tunekit.report import _segment_starts, hyperparameters, write_report
 
 #: Loaded after the page: counts the images that decoded and records any script error in the DOM.
 _PROBE = """
@@ -68,6 +69,8 @@ def test_seeds_and_tunekit_entries_are_not_plotted_as_hyperparameters():
 
 
 def test_a_learning_curve_breaks_where_the_trial_took_a_donors_weights():
-    rows = pd.DataFrame({"training_iteration": [1, 2, 3, 4, 5, 6, 9, 10]})
-    parts = _segments(rows, breaks={4})  # exploited after 4 (a donor at 4) and jumped after 6 (a donor at 8)
-    assert [list(p["training_iteration"]) for p in parts] == [[1, 2, 3, 4], [5, 6], [9, 10]]
+    trials = np.array(["a"] * 8 + ["b"] * 3)
+    iterations = np.array([1, 2, 3, 4, 5, 6, 9, 10, 1, 2, 3], dtype=float)
+    # a: exploited after 4 (a donor at 4) and jumped after 6 (a donor at 8); b: a break of a's is not b's
+    starts = _segment_starts(trials, iterations, {"a": {4}})
+    assert starts.tolist() == [0, 4, 6, 8]

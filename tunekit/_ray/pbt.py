@@ -49,9 +49,12 @@ class _NoPause:
 def supports_clone(trial: Any) -> bool:
     """Whether the trial's trainable can clone a donor in its own worker (tunekit trainables: ``tunekit_clone``).
 
-    Asked of every trial Tune starts and ends; the answer is kept in the trial's temporary state (which
-    Ray never saves) because ``get_trainable_cls`` reads and unpickles the class from Ray's registry."""
+    Asked of every trial Tune starts and ends: its worker's handle knows its methods (an unknown one is an
+    AttributeError); without a worker, the class from Ray's registry (read and unpickled: milliseconds),
+    the answer kept in the trial's temporary state, which Ray never saves."""
     state = trial.temporary_state
+    if state.ray_actor is not None:
+        return hasattr(state.ray_actor, "tunekit_clone")
     known = getattr(state, "tunekit_clones", None)
     if known is None:
         try:
