@@ -19,7 +19,7 @@ from ray.tune.experiment import Trial
 from typing_extensions import override
 
 from tunekit._checks import integer_at_least, positive_number
-from tunekit._result_frames import journal_table
+from tunekit._result_frames import is_journal, journal_table
 from tunekit._ray import trial_filesystem
 from tunekit.table import JOURNAL, RESULTS_DIR, flatten_result, rows_to_table
 from tunekit.callbacks.record import TunekitCallback
@@ -125,7 +125,7 @@ class ParquetLogger(TunekitCallback):
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         self.flush()
         self.compact()
-        self._close_journal(delete=True)
+        self._close_journal()
         super().on_experiment_end(trials, **info)
 
     def compact(self) -> None:
@@ -189,17 +189,17 @@ class ParquetLogger(TunekitCallback):
         directory = posixpath.join(experiment, RESULTS_DIR)
         for info in fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True)):
             name = info.base_name
-            if name.startswith(".part-") and name.endswith("-" + JOURNAL) and self._session not in name:
+            if is_journal(info.path) and self._session not in name:
                 table = journal_table(fs, info.path)
                 if table.num_rows:
                     self._write(fs, table, posixpath.join(directory, name[1:-len(JOURNAL)] + "journal.parquet"))
                 fs.delete_file(info.path)
 
-    def _close_journal(self, *, delete: bool) -> None:
+    def _close_journal(self) -> None:
+        """Its rows are in a batch: the journal is closed and deleted."""
         if self._journal is not None:
             self._journal.close()
-            if delete:
-                os.remove(self._journal.name)
+            os.remove(self._journal.name)
             self._journal = None
 
     @staticmethod

@@ -57,10 +57,12 @@ class TunekitCallback(tune.Callback):
     @override
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         record.trial_finished(trials, trial)
+        _ray.forget_tunekit_metrics(trial)  # (the driver's memory stays flat over thousands of trials)
 
     @override
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         record.trial_finished(trials, trial)
+        _ray.forget_tunekit_metrics(trial)
 
     @override
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:

@@ -26,8 +26,8 @@ from tunekit.results import parse_result_lines, read_text
 from tunekit.storage import Storage, storage_errors
 from tunekit.table import JOURNAL, RESULTS_DIR, flatten_result, rows_to_table
 
-__all__ = ["ITER", "dedupe_frame", "dedupe_order", "dedupe_table", "from_parquet", "from_result_json", "journal_table",
-           "order_columns", "parquet_parts", "parts_table", "row_config"]
+__all__ = ["ITER", "dedupe_frame", "dedupe_order", "dedupe_table", "from_parquet", "from_result_json", "is_journal",
+           "journal_table", "order_columns", "parquet_parts", "parts_table", "row_config"]
 
 #: The iteration column.
 ITER = "training_iteration"
@@ -102,8 +102,13 @@ def dedupe_table(table: pa.Table) -> pd.DataFrame:
     return table.take(dedupe_order(table.column("trial_id"), table.column(ITER).to_pandas())).to_pandas()
 
 
-def _is_journal(path: str) -> bool:
+def is_journal(path: str) -> bool:
+    """Whether ``path`` is a ParquetLogger journal (``.part-<session>-<JOURNAL>``), not a batch."""
     return posixpath.basename(path).startswith(".part-") and path.endswith("-" + JOURNAL)
+
+
+def _read_part(fs: pafs.FileSystem, path: str) -> pa.Table:
+    return journal_table(fs, path) if is_journal(path) else pq.read_table(path, filesystem=fs)
 
 
 def parquet_parts(experiment: Storage) -> list[str]:
@@ -114,7 +119,7 @@ def parquet_parts(experiment: Storage) -> list[str]:
         infos = experiment.filesystem.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
     return sorted(
         (i.path for i in infos if i.type == pafs.FileType.File and (
-            (i.base_name.endswith(".parquet") and not i.base_name.startswith(".")) or _is_journal(i.path))),
+            (i.base_name.endswith(".parquet") and not i.base_name.startswith(".")) or is_journal(i.path))),
         key=lambda path: posixpath.basename(path).lstrip("."),  # a session's journal after its batches
     )
 
@@ -129,10 +134,10 @@ def parts_table(experiment: Storage, parts: list[str],
     """Every row of ``parts`` (:func:`parquet_parts`: batches and journals), in the order logged; only the
     columns ``columns(every column's name)`` names, when given."""
     fs = experiment.filesystem
-    if not any(_is_journal(p) for p in parts):
+    if not any(is_journal(p) for p in parts):
         dataset = pads.dataset(parts, format="parquet", filesystem=fs)
         return dataset.to_table(columns=columns(dataset.schema.names) if columns else None)
-    tables = [journal_table(fs, p) if _is_journal(p) else pq.read_table(p, filesystem=fs) for p in parts]
+    tables = [_read_part(fs, p) for p in parts]
     table = pa.concat_tables([t for t in tables if t.num_rows] or tables[:1], promote_options="permissive")
     return table.select(columns(table.schema.names)) if columns else table
 
@@ -142,11 +147,11 @@ def from_parquet(experiment: Storage, parts: list[str], *, dedupe: bool = True) 
     every row in the order logged (``dedupe=False``)."""
     tidy = dedupe_frame if dedupe else (lambda df: df)
     fs = experiment.filesystem
-    if any(_is_journal(p) for p in parts):  # a driver was killed: its secured rows are read with the batches
+    if any(is_journal(p) for p in parts):  # a driver was killed: its secured rows are read with the batches
         try:
             table = parts_table(experiment, parts)
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # a key changed type between batches
-            tables = [journal_table(fs, p) if _is_journal(p) else pq.read_table(p, filesystem=fs) for p in parts]
+            tables = [_read_part(fs, p) for p in parts]
             return tidy(pd.concat([t.to_pandas() for t in tables], ignore_index=True, sort=False))
         return dedupe_table(table) if dedupe else table.to_pandas()
     with ThreadPoolExecutor(max_workers=8) as pool:

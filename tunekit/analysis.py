@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -84,10 +85,16 @@ def load_results(
     if source not in ("auto", "parquet", "json"):
         raise ConfigError(f"load_results(source={source!r}): expected 'auto', 'parquet' or 'json'")
     experiment = resolve_storage(location, filesystem=filesystem)
-    snap = snapshot if snapshot is not None else read_experiment(experiment, results=False)
     parts = parquet_parts(experiment) if source != "json" else []
     read_problems: list[str] = []
-    df = from_parquet(experiment, parts) if parts else None  # deduplicated and sorted as it is read
+    if parts and snapshot is None:  # the rows read (Arrow, mostly without the GIL) while the structure is parsed
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            rows = pool.submit(from_parquet, experiment, parts)  # deduplicated and sorted as it is read
+            snap = read_experiment(experiment, results=False)
+            df: pd.DataFrame | None = rows.result()
+    else:
+        snap = snapshot if snapshot is not None else read_experiment(experiment, results=False)
+        df = from_parquet(experiment, parts) if parts else None
     if df is None and source == "parquet":
         raise ExperimentError(f"{experiment.uri}: no {RESULTS_DIR}/*.parquet (was ParquetLogger used?)")
     if df is None or (df.empty and source == "auto"):  # (a journal alone may hold no row yet)

@@ -6,6 +6,7 @@ speed, and the runs are the same on a loaded machine."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -65,6 +66,11 @@ def test_with_no_failures_and_no_prior_it_holds_the_overhead_bound(ray_session, 
     result = _run(storage, tmp_path, 100, [], CheckpointAutopilot(max_overhead=0.05),
                   ProgressPrinter("loss", interval_s=0, stream=stream))
     assert result.metrics[INTERVAL_KEY] == pytest.approx(COST / 0.05)
+    # Ray's per-trial statistics of every numeric key forget tunekit's own once the trial ends (the driver's
+    # memory over thousands of trials); the rows keep them
+    state = json.loads(sorted((storage / "autopilot").glob("experiment_state-*.json"))[-1].read_text())
+    analysis = json.loads(state["trial_data"][0][1])["metric_analysis"]
+    assert "loss" in analysis and not [k for k in analysis if k.startswith("tunekit/")], sorted(analysis)
     saved = sorted(int(p.name.split("_")[1]) for p in Path(result.path).glob("checkpoint_*"))
     # the first save measures the cost; after it, one every 10 s of training: 5% of it
     assert len(saved) - 1 <= 100 * 0.05 / COST

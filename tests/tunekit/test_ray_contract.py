@@ -172,6 +172,15 @@ def test_trial_worker_and_reset_keys_are_as_relied_on():
     state = _TemporaryTrialState()  # supports_clone keeps its answer there: never saved, never shared
     state.tunekit_clones = True
     assert state.__getstate__() == {}, "Ray changed: Trial.temporary_state is saved with the trial"
+    from ray.tune.experiment.trial import _TrainingRunMetadata
+
+    meta = _TrainingRunMetadata()  # forget_tunekit_metrics trims Ray's per-trial statistics of numeric keys
+    meta.update_metric("tunekit/save_blocked_s", 0.1)
+    meta.update_metric("loss", 1.0)
+    meta.get_json_state()
+    _ray.forget_tunekit_metrics(types.SimpleNamespace(run_metadata=meta))
+    assert list(meta.metric_analysis) == list(meta.metric_n_steps) == ["loss"], "Ray changed: metric_analysis"
+    assert "tunekit/" not in meta.get_json_state(), "Ray changed: _TrainingRunMetadata caches its JSON elsewhere"
     for key in ("TRIAL_INFO", "STDOUT_FILE", "STDERR_FILE"):
         assert isinstance(getattr(result, key, None), str), f"Ray changed: ray.tune.result.{key}"
     for attr in ("latest_checkpoint_result", "get_trainable_cls"):
