@@ -147,17 +147,17 @@ class _DieAfter(tune.Callback):
 
 def _child(argv: list[str]) -> None:
     """The killed driver of the ``driver`` scenario: ``--child STORAGE NAME DIE_AFTER SEED WIDTH ITERATIONS
-    WRITES KILLS``."""
+    WRITES KILLS AIM``."""
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))  # workers
     import ray
 
     import benchmarks.chaos as imported  # the trainable is pickled as benchmarks.chaos.Wide, not __main__'s
     from tests.support.injector import Injector
 
-    storage, name, die_after, seed, width, iterations, writes, kills = argv
+    storage, name, die_after, seed, width, iterations, writes, kills, aim = argv
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     imported.INJECTOR = Injector(storage, writes=float(writes), max_kills=int(kills), seed=int(seed),
-                                 trainable="Wide")
+                                 trainable="Wide", aim=None if aim == "anywhere" else aim)
     imported._run("pbt", storage, name, width=int(width), iterations=int(iterations), injector=imported.INJECTOR,
                   extra=(imported._DieAfter(int(die_after)),))
     print("CHAOS-KILLS the driver was not killed: it finished", flush=True)
@@ -175,7 +175,7 @@ def _driver_run(local: str, name: str, run: int, args: Any, width: int) -> tuple
     die_after = random.Random(run).randint(6, 4 * args.iterations - 8)
     env = {**os.environ, "PYTHONPATH": ROOT, "RAY_AUTH_MODE": "disabled"}
     done = run_and_reap([sys.executable, os.path.abspath(__file__), "--child", local, name, str(die_after), str(run),
-                         str(width), str(args.iterations), str(args.writes), str(args.kills // 2 or 1)],
+                         str(width), str(args.iterations), str(args.writes), str(args.kills // 2 or 1), args.aim],
                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     said = [line for line in done.stdout.splitlines() if line.startswith("CHAOS-KILLS")]
     if done.returncode != -signal.SIGKILL or not said or "not killed" in said[-1]:
@@ -185,7 +185,7 @@ def _driver_run(local: str, name: str, run: int, args: Any, width: int) -> tuple
     kills = [Kill(0.0, 0, phase.replace("_", " ")) for phase in phases.split(",") if phase][: int(count)]
     experiment = os.path.join(local, name)
     injector = Injector(local, writes=args.writes, max_kills=args.kills - len(kills), seed=run + 1000,
-                        trainable="Wide")
+                        trainable="Wide", aim=None if args.aim == "anywhere" else args.aim)
     with injector:
         summary = resume_experiment(experiment, trainable="benchmarks.chaos:Wide", stream=io.StringIO())
     grid = tune.Tuner.restore(experiment, trainable=Imported).get_results()

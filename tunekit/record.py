@@ -16,7 +16,10 @@ what a resume needs besides the checkpoints:
 It is written by the driver, at most once a second while something changed
 and once at the end, atomically: locally to a temporary name, fsync, then a
 rename over the old one; on object stores (S3) one PUT, which is atomic. A
-reader never sees half a record. Every tunekit callback
+reader never sees half a record. While the run goes on the write is done on
+a helper thread (an fsync waits for whatever else the disk has to write: the
+driver does not), one at a time, a newer record waiting for the one in
+flight; the last one is written before the run ends. Every tunekit callback
 (:class:`~tunekit.callbacks.ParquetLogger`, :class:`~tunekit.callbacks.ProgressPrinter`,
 the checkpoint policies) and :func:`tunekit.pbt_setup`'s scheduler keep it, so
 an experiment that uses any of them has it; :class:`tunekit.callbacks.ExperimentRecord`
@@ -36,6 +39,7 @@ import os
 import posixpath
 import socket
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterable
 
 import pyarrow.fs as pafs
@@ -51,6 +55,8 @@ VERSION = 1
 INTERVAL_S = 1.0
 #: The record is rewritten at least this often while its driver runs, changed or not: its heartbeat.
 HEARTBEAT_S = 60.0
+#: Writes the records of running experiments, one at a time, so that the driver never waits for an fsync.
+_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-record")
 
 
 def json_safe(value: Any) -> Any:
@@ -166,6 +172,7 @@ class ExperimentRecorder:
         #: was built from (rebuilt when that changed: the record is rewritten every second of a long sweep).
         self._constants: tuple[str | None, dict[str, Any] | None] | None = None
         self._entries: dict[str, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
+        self._writing: Future | None = None  # the write in flight, on the helper thread
 
     def describe_callback(self, callback: Any) -> None:
         name = f"{type(callback).__module__}:{type(callback).__qualname__}"
@@ -211,7 +218,8 @@ class ExperimentRecorder:
         iteration = (trial.last_result or {}).get("training_iteration")
         # Tune marks the trials it stops because the run stops TERMINATED; they did not finish.
         status = "INTERRUPTED" if trial.trial_id in interrupted else trial.status
-        made_of = (trial.path, status, iteration, _registered_checkpoint(trial))
+        checkpoint = trial.checkpoint
+        made_of = (trial.path, status, iteration, None if checkpoint is None else checkpoint.path)
         known = self._entries.get(trial.trial_id)
         if known is not None and known[0] is trial.config and known[1] == made_of:  # (a new config is a new dict)
             return known[2]
@@ -222,39 +230,46 @@ class ExperimentRecorder:
             "config": json_safe(trial.config),
             "iteration": json_safe(iteration),
             "stop": json_safe(getattr(trial, "stopping_criterion", None)),
-            "checkpoint": made_of[3],
+            "checkpoint": _registered_checkpoint(trial),
         }
         self._entries[trial.trial_id] = (trial.config, made_of, entry)
         return entry
 
     def flush(self, *, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - self._last_write < INTERVAL_S:
-            return
+        if not force and (now - self._last_write < INTERVAL_S or (self._writing and not self._writing.done())):
+            return  # (a write in flight: the next flush writes what changed meanwhile)
         self._last_write = now
         record = self.build()
         if record is None:
             return
-        text = json.dumps(record, indent=1, sort_keys=True)  # (ends "\n}")
+        text = json.dumps(record, sort_keys=True)  # (one line: json's C encoder; indented, 5x the time)
         if text == self._last_text and now - self._last_written < HEARTBEAT_S and not force:
             return
         # wall clock, read by other processes and machines (tunekit gc): added to the text, not dumped again
-        written = f'{text[:-2]},\n "updated": {json.dumps(time.time())}\n}}'
+        written = f'{text[:-1]}, "updated": {json.dumps(time.time())}}}'
         if self._target is None:
             from tunekit._ray import trial_filesystem
 
             first = self.trials[0]
             self._target = (trial_filesystem(first), posixpath.dirname(first.path))
-        fs, path = self._target
+        if self._writing is not None:
+            self._writing.result()  # (the end: after any write in flight, never before it)
+        self._last_text, self._last_written = text, now
+        if force:
+            self._write(written)
+        else:
+            self._writing = _WRITER.submit(self._write, written)
+
+    def _write(self, text: str) -> None:
+        fs, path = self._target  # type: ignore[misc]
         try:
-            write_record(fs, path, written)
+            write_record(fs, path, text)
         except OSError as exc:  # the record is a safety net: a failed write must not fail the run
             import logging
 
             logging.getLogger(__name__).warning("tunekit: could not write %s in %s: %s", RECORD_NAME, path, exc)
-            return
-        self._last_text = text
-        self._last_written = now
+            self._last_text = None  # (written again at the next flush)
 
 
 # id(the controller's trial list) -> (recorder, the callback or scheduler that writes it)
