@@ -219,7 +219,8 @@ class ExperimentRecorder:
         # Tune marks the trials it stops because the run stops TERMINATED; they did not finish.
         status = "INTERRUPTED" if trial.trial_id in interrupted else trial.status
         checkpoint = trial.checkpoint
-        made_of = (trial.path, status, iteration, None if checkpoint is None else checkpoint.path)
+        # (not the trial's path: Ray builds it anew on each call, 20 us; a trial keeps its directory)
+        made_of = (status, iteration, None if checkpoint is None else checkpoint.path)
         known = self._entries.get(trial.trial_id)
         if known is not None and known[0] is trial.config and known[1] == made_of:  # (a new config is a new dict)
             return known[2]

@@ -96,11 +96,15 @@ def finish_next_save_in_place(trial: Any) -> None:
     and handed to another trial, while it writes; a death then (Ray reports
     it for the trial being started, whose ``reset`` fails) errors that other
     trial, and nothing retries the ended trial's last checkpoint. Untracked
-    by Tune, like :func:`clone_in_place`.
+    by Tune, like :func:`clone_in_place`. Sent once per worker (each tunekit
+    callback of the run asks; the trial's temporary state, never saved,
+    remembers the worker it was sent to).
     """
-    actor = trial.temporary_state.ray_actor
-    if actor is not None and supports_clone(trial):
+    state = trial.temporary_state
+    actor = state.ray_actor
+    if actor is not None and getattr(state, "tunekit_ending", None) is not actor and supports_clone(trial):
         actor.tunekit_sync_next_save.remote()
+        state.tunekit_ending = actor
 
 
 def synchronous_saves(trial: Any, scheduler: Any) -> None:
