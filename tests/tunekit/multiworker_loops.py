@@ -96,7 +96,8 @@ def loop(config: dict[str, Any]) -> None:
             if "phase" in fault:
                 tk_checkpoint._on_write_phase = lambda phase, f=fault: phase == f["phase"] and _die_once(f["marker"])
         session.report({"loss": float(loss.detach()), "iteration": session.iteration + 1,
-                        "restored_from_iteration": _restored_iteration(session)},
+                        "restored_from_iteration": _restored_iteration(session),
+                        "lr_in_effect": opt.param_groups[0]["lr"], "restored_from": session.restored_from or ""},
                        checkpoint=(session.iteration + 1) % config.get("every", 1) == 0)
         tk_checkpoint._on_write_phase = None
     full = full_model_state(model)

@@ -143,3 +143,39 @@ def _reshards_and_falls_back(experiment: Path, checkpoints: list[Path], final: d
     assert f"{checkpoints[-1].name}" in out and "rank-1/: __1_0.distcp: XXH3-128 differs from manifest" in out
     fell_back = _restore(checkpoints[-1], 2, tmp_path / "fell-back.pt")
     assert fell_back["iteration"] == CONFIG["epochs"] - 1
+
+
+def test_pbt_clones_a_donor_sharded_checkpoint_with_the_mutated_rate_in_effect(fresh_ray, storage):
+    """Two FSDP2 trials of two workers each (both fit the 2 CPUs); synchronous PBT at iteration 2: the
+    trial with the lower rate clones the other's sharded checkpoint and trains on at a perturbed rate."""
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    pbt = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=2, quantile_fraction=0.5,
+                                  resample_probability=0.0, synch=True,
+                                  hyperparam_mutations={"lr": tune.uniform(0.001, 0.5)})
+    trainable = tune.with_resources(train_trial(loop, workers=2, cpus_per_worker=0.45, max_failures=0), {"cpu": 0.1})
+    grid = tune.Tuner(
+        trainable,
+        param_space={**CONFIG, "mode": "fsdp", "epochs": 3, "lr": tune.grid_search([0.01, 0.05])},
+        tune_config=tune.TuneConfig(metric="lr_in_effect", mode="max", scheduler=pbt),
+        run_config=tune.RunConfig(name="pbt", storage_path=str(storage), verbose=0),
+    ).fit()
+    assert not grid.errors, grid.errors
+    clone, donor = sorted(grid, key=lambda r: r.metrics["trial_id"])  # the trial at 0.01 clones the one at 0.05
+    assert donor.config["lr"] == 0.05 and donor.metrics["lr_in_effect"] == 0.05
+    # the clone restored the donor's iteration-2 checkpoint (every rank its shard) and runs at the new rate
+    assert clone.config["lr"] in (pytest.approx(0.04), pytest.approx(0.06)), clone.config
+    assert clone.metrics["lr_in_effect"] == pytest.approx(clone.config["lr"])
+    assert clone.metrics["iteration"] == 3 and clone.metrics["restored_from_iteration"] == 2
+    assert clone.metrics["restored_from"].startswith(str(Path(donor.path) / "train" / "checkpoint_"))
+    # a trial PBT paused resumes at the checkpoint Tune paused it at (iteration 2), not at a newer one its
+    # Train run wrote after that report
+    assert donor.metrics["iteration"] == 3
+    assert donor.metrics["restored_from_iteration"] in (-1, 2), donor.metrics
+    # Tune's checkpoints of both trials point at their Train checkpoints, which verify
+    from tunekit.multiworker.trial import train_checkpoint_of
+
+    for result in (donor, clone):
+        target = train_checkpoint_of(result.checkpoint)
+        assert target is not None and target.startswith(str(Path(result.path) / "train"))
+        assert verify_checkpoint(target).ok

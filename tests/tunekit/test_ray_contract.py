@@ -407,3 +407,25 @@ def test_a_trainable_runs_offline_without_a_ray_session(tmp_path):
         assert second.train()["training_iteration"] == 2
     finally:
         second.stop()
+
+
+def test_function_mixins_and_placement_group_removal_behave_as_relied_on(ray_session):
+    """``train_trial``'s trainable stops its Train run when Tune stops the trial: Ray's class for a function
+    trainable inherits the function's ``__mixins__`` first, and a placement group is removed by its id."""
+    from ray.tune.trainable.function_trainable import wrap_function
+    from ray.util.placement_group import placement_group
+
+    class Mixin:
+        pass
+
+    def trial(config):
+        pass
+
+    made = tune.with_resources(_ray.with_function_mixin(trial, Mixin), {"cpu": 0.1})
+    cls = made if isinstance(made, type) else wrap_function(made)
+    assert cls.__mro__[1] is Mixin, f"Ray changed: wrap_function ignores __mixins__ ({cls.__mro__})"
+    group = placement_group([{"CPU": 0.01}])
+    ray.get(group.ready())
+    _ray.remove_placement_group(group.id.hex())
+    assert ray.util.placement_group_table(group)["state"] == "REMOVED"
+    _ray.remove_placement_group(group.id.hex())  # one already removed: nothing happens

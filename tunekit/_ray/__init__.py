@@ -116,6 +116,7 @@ __all__ = [
     "quiet_ray_notices",
     "quiet_tune_banner",
     "registered_checkpoints",
+    "remove_placement_group",
     "replace_checkpoint",
     "report_checkpoint_dir",
     "scheduler_checkpoints",
@@ -128,6 +129,7 @@ __all__ = [
     "synchronous_saves",
     "trainable_storage",
     "trial_filesystem",
+    "with_function_mixin",
 ]
 
 #: What ``Trainable.save`` returns and ``Trainable.restore`` accepts.
@@ -310,3 +312,28 @@ def forget_tunekit_metrics(trial: Any) -> None:
             meta.metric_analysis.pop(key, None)
             meta.metric_n_steps.pop(key, None)
         meta.invalidate_cache()
+
+
+def remove_placement_group(group_id: str) -> None:
+    """Remove the placement group of hex id ``group_id`` (one already removed: nothing happens).
+
+    Ray Train V2 removes a run's placement group when its controller ends, or, when the controller dies
+    ungracefully, through a watcher that asks Ray's State API, which a Ray without its dashboard lacks:
+    a Tune trial stopped while its Train run is live (a PBT pause or exploit) would hold the group's
+    CPUs for good. ``PlacementGroup`` built from an id is undocumented.
+    """
+    import ray
+    from ray.util.placement_group import PlacementGroup
+    from ray.util.placement_group import remove_placement_group as remove
+
+    group = PlacementGroup(ray.PlacementGroupID.from_hex(group_id))
+    if ray.util.placement_group_table(group).get("state") not in (None, "REMOVED"):
+        remove(group)
+
+
+def with_function_mixin(function: Any, mixin: type) -> Any:
+    """Make Tune's class for function trainable ``function`` inherit ``mixin`` first (its ``cleanup`` runs
+    when Tune stops the trial): Ray's ``wrap_function`` reads the undocumented ``__mixins__``."""
+    function.__mixins__ = (mixin, *getattr(function, "__mixins__", ()))
+    return function
+

@@ -23,7 +23,9 @@ import pyarrow.fs as pafs
 from tunekit._manifest import read_metadata, verify_directory
 from tunekit._ranks import RANKS_FILE, read_ranks
 from tunekit.errors import CheckpointError, ConfigError
+from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters, changed_hyperparameters
 from tunekit.multiworker._parts import is_sharded, load_parts, write_parts
+from tunekit.multiworker.trial import GROUP_KEY, START_KEYS
 from tunekit.state import TrainingState
 from tunekit.storage import resolve_storage
 
@@ -56,6 +58,10 @@ class WorkerSession:
         resume_from: A multi-worker checkpoint (path, URI or ``ray.train.Checkpoint``) to start from when
             Train hands none back: Ray Train V2's replacement for ``resume_from_checkpoint`` (pass it in
             ``train_loop_config``); also how a run on another number of workers continues (resharded).
+        mutable: Hyperparameters put in effect when the restored checkpoint was taken under another value
+            (a PBT clone's mutated rate, or a resume with a changed config): ``lr`` (under the LR
+            schedulers), ``momentum``, ``weight_decay``, ``batch_size`` (``state.data.batch_size``);
+            others the loop reads from ``config`` itself.
 
     Raises:
         CheckpointError: no checkpoint Train handed back verifies on every rank, or a replicated
@@ -64,7 +70,7 @@ class WorkerSession:
 
     def __init__(self, state: TrainingState, *, config: Mapping[str, Any] | None = None,
                  sharded: bool | Literal["auto"] = "auto", name: str | None = None,
-                 resume_from: Any = None) -> None:
+                 resume_from: Any = None, mutable: tuple[str, ...] = DEFAULT_MUTABLE) -> None:
         import ray.train
 
         if not isinstance(state, TrainingState):
@@ -72,7 +78,9 @@ class WorkerSession:
         if sharded not in (True, False, "auto"):
             raise ConfigError(f"WorkerSession(sharded={sharded!r}): expected True, False or 'auto'")
         state.models = {k: _unwrapped(m) for k, m in state.models.items()}
-        self.state, self.config, self.name = state, dict(config or {}), name or "worker_loop"
+        config = dict(config or {})
+        start, written_before = config.pop(START_KEYS[0], None), set(config.pop(START_KEYS[1], ()))
+        self.state, self.config, self.name, self.mutable = state, config, name or "worker_loop", tuple(mutable)
         context = ray.train.get_context()
         self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
         self.sharded = is_sharded(state) if sharded == "auto" else bool(sharded)
@@ -81,7 +89,14 @@ class WorkerSession:
         self.restored_own_part = False
         #: The iteration the restored checkpoint was taken at (None: started fresh).
         self.restored_iteration: int | None = None
-        checkpoint = ray.train.get_checkpoint() or _as_checkpoint(resume_from)
+        from ray.util import get_current_placement_group
+
+        group = get_current_placement_group()
+        self._group = group.id.hex() if group is not None else None
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is not None and start and posixpath.basename(checkpoint.path) in written_before:
+            checkpoint = None  # Train's newest from before Tune (re)started the trial: Tune's pointer says where
+        checkpoint = checkpoint or _as_checkpoint(start or resume_from)
         if checkpoint is not None:
             self._restore(checkpoint)
 
@@ -100,6 +115,8 @@ class WorkerSession:
         import ray.train
 
         self.state.counters.iteration += 1
+        if self.rank == 0 and self._group is not None:
+            metrics = {**metrics, GROUP_KEY: self._group}
         if not checkpoint:
             ray.train.report(metrics)
             return
@@ -127,7 +144,9 @@ class WorkerSession:
                 self.restored_own_part = load_parts(self.state, directory, rank=self.rank,
                                                     world_size=self.world_size, written_by=written_by,
                                                     sharded=self.sharded)
+                saved = read_metadata(directory).get("config") or {}
             self.restored_from, self.restored_iteration = path, self.state.counters.iteration
+            self._put_in_effect(saved)
             if not self.restored_own_part and self.rank == 0:
                 logger.warning("tunekit: %s was written by %d workers, this run has %d: the sharded state was "
                                "resharded; each rank's RNG streams and data position start fresh (they cannot "
@@ -135,6 +154,18 @@ class WorkerSession:
             return
         raise CheckpointError(f"cannot restore: no checkpoint of {posixpath.dirname(checkpoint.path)} from "
                               f"{posixpath.basename(checkpoint.path)} back verifies on every rank")
+
+    def _put_in_effect(self, saved: Mapping[str, Any]) -> None:
+        """Apply the mutable hyperparameters whose value differs from the checkpoint's (``saved``)."""
+        changed = changed_hyperparameters(saved, self.config, self.mutable)
+        if not changed:
+            return
+        self.state.hparams = {**self.state.hparams, **{k: saved[k] for k in self.mutable if k in saved}}
+        apply_hyperparameters(self.state, changed)  # keys it cannot apply: the loop reads them from config
+        self.state.hparams.update(changed)
+        if self.rank == 0:
+            logger.info("tunekit: restored %s with %s in effect (the checkpoint had %s)", self.restored_from,
+                        changed, {k: saved.get(k) for k in changed})
 
     def _verified(self, directory: str) -> tuple[int, str]:
         """``(the number of workers that wrote it, why this rank's share does not verify: "" if it does)``."""

@@ -1,21 +1,47 @@
 """A Tune trial that runs a Ray Train worker group: Train inside Tune, as Ray 2.51+ documents it.
 
 :func:`train_trial` wraps a ``train_loop_per_worker`` into a Tune function trainable. Each trial runs
-one ``TorchTrainer`` (Ray Train V2, the default since Ray 2.51) whose workers report through Ray's
-``TuneReportCallback``; the Train run is named after the trial and stored in the trial's own directory,
-so a retried or resumed trial's workers find its checkpoints again (``ray.train.get_checkpoint()``).
+one ``TorchTrainer`` (Ray Train V2, the default since Ray 2.51) named after the trial and stored in the
+trial's own directory (``EXP/<trial>/train/``), so a retried or resumed trial's workers find its
+checkpoints again (``ray.train.get_checkpoint()``).
+
+Rank 0's reports reach Tune as Ray's ``TuneReportCallback`` carries them, and a checkpoint is reported to
+Tune too: as a *pointer*, a tiny tunekit checkpoint in the trial's directory that names the Train
+checkpoint (no rank's part is copied). Tune's view is then whole: ``Result.checkpoint``, a PBT exploit
+(the clone's workers restore the donor's Train checkpoint, every rank its part, resharded if need be, and
+the mutated hyperparameters are put in effect by :class:`~tunekit.multiworker.WorkerSession`), a paused
+or resumed trial.
 
 Tested in ``tests/tunekit/test_multiworker.py``.
 """
 
 from __future__ import annotations
 
+import logging
+import posixpath
+import tempfile
+import threading
 from collections.abc import Callable
 from typing import Any
 
-from tunekit.errors import ConfigError
+from ray.train import UserCallback
 
-__all__ = ["train_trial"]
+from tunekit.errors import CheckpointError, ConfigError
+
+__all__ = ["GROUP_KEY", "POINTER_KEY", "START_KEYS", "train_checkpoint_of", "train_trial"]
+
+logger = logging.getLogger(__name__)
+
+#: Metadata key of a Tune checkpoint that points at a multi-worker (Train) checkpoint.
+POINTER_KEY = "train_checkpoint"
+#: Config keys through which a trial tells its workers which checkpoint Tune handed it (its own pointer, or
+#: a PBT donor's), and the Train checkpoints its Train run had written before: those are older than Tune's
+#: view (a PBT clone's own) or newer than it (written after the report Tune paused the trial at).
+START_KEYS = ("tunekit/start_from", "tunekit/written_before")
+#: Metrics key through which rank 0 tells the trial its worker group's placement group (never reaches Tune).
+GROUP_KEY = "tunekit/placement_group"
+#: This process's live Train run: its controller and its worker groups' placement groups.
+_LIVE: dict[str, Any] = {"controller": None, "groups": set(), "stopped": False}
 
 
 def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, workers: int = 2,
@@ -47,31 +73,175 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
         raise ConfigError(f"train_trial(workers={workers!r}): must be an integer >= 1")
     if max_failures < -1:
         raise ConfigError(f"train_trial(max_failures={max_failures!r}): must be >= 0, or -1 for no limit")
+    name = getattr(train_loop_per_worker, "__name__", "train_trial")
 
     def trial(config: dict[str, Any]) -> None:
         from ray import tune
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
-        from ray.tune.integration.ray_train import TuneReportCallback
+        from ray.util.queue import Queue
 
         from tunekit import _ray
 
         filesystem, trial_path = _ray.session_trial_storage()
-        run = RunConfig(name="train", storage_path=storage_path or trial_path,
-                        storage_filesystem=None if storage_path else filesystem,
-                        failure_config=FailureConfig(max_failures=max_failures), callbacks=[TuneReportCallback()])
+        run_name, run_storage, run_fs = "train", trial_path, filesystem
         if storage_path:
-            run = RunConfig(name=f"train-{tune.get_context().get_trial_id()}", storage_path=storage_path,
-                            failure_config=run.failure_config, callbacks=run.callbacks)
-        TorchTrainer(
+            run_name, run_storage, run_fs = f"train-{tune.get_context().get_trial_id()}", storage_path, None
+        loop_config = dict(config)
+        start = train_checkpoint_of(tune.get_checkpoint())
+        if start is not None:  # the state Tune resumes the trial at (or a PBT donor's), not what Train has newest
+            loop_config[START_KEYS[0]] = start
+            loop_config[START_KEYS[1]] = _names(run_fs, posixpath.join(run_storage, run_name))
+        queue = Queue(maxsize=1, actor_options={"num_cpus": 0})
+        trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config=dict(config),
+            train_loop_config=loop_config,
             scaling_config=ScalingConfig(num_workers=int(config.get("workers", workers)), use_gpu=use_gpu,
                                          resources_per_worker={"CPU": float(cpus_per_worker)}),
             torch_config=TorchConfig(backend=backend or ("nccl" if use_gpu else "gloo")),
-            run_config=run,
-        ).fit()
+            run_config=RunConfig(name=run_name, storage_path=run_storage, storage_filesystem=run_fs,
+                                 failure_config=FailureConfig(max_failures=max_failures),
+                                 callbacks=[_Reporter(queue)]),
+        )
+        _drive(trainer, queue, name, dict(config), run_fs)
 
-    trial.__name__ = trial.__qualname__ = getattr(train_loop_per_worker, "__name__", "train_trial")
+    trial.__name__ = trial.__qualname__ = name
     trial.__module__ = getattr(train_loop_per_worker, "__module__", __name__)
-    return trial
+    from tunekit import _ray
+
+    return _ray.with_function_mixin(trial, _StopsTrainRun)
+
+
+def train_checkpoint_of(checkpoint: Any) -> str | None:
+    """The Train checkpoint a multi-worker trial's Tune checkpoint points at (None: not a pointer).
+
+    ``checkpoint``: a ``ray.tune.Checkpoint`` (``Result.checkpoint``) or a local path.
+    """
+    from tunekit._manifest import read_metadata
+    from tunekit.storage import resolve_storage
+
+    if checkpoint is None:
+        return None
+    where = resolve_storage(checkpoint, filesystem=None) if isinstance(checkpoint, str) else \
+        resolve_storage(checkpoint.path, filesystem=checkpoint.filesystem)
+    try:
+        return read_metadata(where).get(POINTER_KEY)
+    except CheckpointError:
+        return None
+
+
+def _names(filesystem: Any, run_dir: str) -> list[str]:
+    """The checkpoint directories a Train run has written so far (none: an empty list)."""
+    import pyarrow.fs as pafs
+
+    if filesystem is None:
+        from tunekit.storage import resolve_storage
+
+        where = resolve_storage(run_dir)
+        filesystem, run_dir = where.filesystem, where.path
+    try:
+        infos = filesystem.get_file_info(pafs.FileSelector(run_dir, allow_not_found=True))
+    except OSError:
+        return []
+    return sorted(posixpath.basename(i.path) for i in infos
+                  if i.type == pafs.FileType.Directory and posixpath.basename(i.path).startswith("checkpoint_"))
+
+
+class _Reporter(UserCallback):
+    """A Ray Train callback (run by the Train controller): rank 0's metrics, and the path of the
+    checkpoint reported with them, to the Tune trial through a queue (as Ray's ``TuneReportCallback``
+    does, which reports no checkpoint to Tune)."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        import ray
+
+        first = dict(metrics[0])
+        group = first.pop(GROUP_KEY, None)
+        controller = None if getattr(self, "_told", False) else ray.get_runtime_context().current_actor
+        self._told = True
+        self.queue.put((first, checkpoint.path if checkpoint else None, group, controller))
+
+
+class _StopsTrainRun:
+    """Mixed into Tune's class for a :func:`train_trial` trainable: when Tune stops the trial while its Train
+    run is live (a PBT pause or exploit, a stop condition), the run's controller is killed and its worker
+    groups' placement groups removed. Ray Train removes them itself only when its controller ends, or,
+    when the controller dies, through a watcher that needs Ray's State API (a Ray without its dashboard
+    has none): the stopped trial's CPUs would stay held for good."""
+
+    def cleanup(self) -> None:
+        _stop_train_run()
+        super().cleanup()  # type: ignore[misc]
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        _stop_train_run()  # an actor reused for another trial (reuse_actors=True): its run ends first
+        return super().reset_config(new_config)  # type: ignore[misc]
+
+
+def _stop_train_run() -> None:
+    import ray
+
+    from tunekit import _ray
+
+    controller, groups = _LIVE["controller"], sorted(_LIVE["groups"])
+    _LIVE.update(controller=None, groups=set(), stopped=True)
+    try:
+        if controller is not None:
+            ray.kill(controller)  # first: a controller would start a new worker group on a removed one's
+        for group in groups:
+            _ray.remove_placement_group(group)
+    except Exception as exc:  # noqa: BLE001 - stopping must go on; say what may be left
+        logger.warning("tunekit: could not stop the trial's Train run: %s", exc)
+
+
+def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesystem: Any) -> None:
+    """Run ``trainer`` on a thread; report what it reports to Tune (with a pointer checkpoint); its error."""
+    from ray import tune
+
+    outcome: dict[str, BaseException] = {}
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the trial's thread
+            outcome["error"] = exc
+        finally:
+            queue.put(None)
+
+    _LIVE.update(controller=None, groups=set(), stopped=False)
+    thread = threading.Thread(target=fit, name="tunekit-train-run", daemon=True)
+    thread.start()
+    while (item := queue.get()) is not None:
+        metrics, path, group, controller = item
+        if controller is not None:
+            _LIVE["controller"] = controller
+        if group is not None:
+            _LIVE["groups"].add(group)
+        if path is None:
+            tune.report(metrics)
+            continue
+        metrics["checkpoint_path"] = path  # as Ray's TuneReportCallback reports it
+        with tempfile.TemporaryDirectory(prefix="tunekit-pointer-") as pointer:
+            _write_pointer(pointer, path, name, config, filesystem)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(pointer))
+    thread.join()
+    stopped = _LIVE["stopped"]
+    _LIVE.update(controller=None, groups=set())  # the run ended: Train removed its placement groups
+    if "error" in outcome and not stopped:  # (a run Tune stopped ends with its controller's death)
+        raise outcome["error"]
+
+
+def _write_pointer(directory: str, path: str, name: str, config: dict[str, Any], filesystem: Any) -> None:
+    from tunekit._manifest import read_metadata
+    from tunekit.checkpoint import write_checkpoint
+    from tunekit.storage import resolve_storage
+
+    try:
+        iteration = read_metadata(resolve_storage(path, filesystem=filesystem)).get("iteration")
+    except CheckpointError:
+        iteration = None  # not a tunekit checkpoint (a loop reporting its own): the pointer says so
+    meta = {POINTER_KEY: path, "trainable": name, "config": config, "iteration": iteration}
+    write_checkpoint(directory, {POINTER_KEY: path}, metadata=meta, durable=False)
