@@ -50,6 +50,18 @@ def test_a_checkpoint_verifies_only_when_every_rank_part_does(tmp_path):
     assert report.problems == ["rank-1/: missing (the checkpoint was written by 2 workers)"]
 
 
+def test_check_and_a_session_outside_a_train_worker_say_what_is_wrong():
+    from tunekit import TrainingState
+    from tunekit.check import as_trainable_class
+    from tunekit.errors import ConfigError
+    from tunekit.multiworker import WorkerSession
+
+    with pytest.raises(ConfigError, match="'m:trial': a multi-worker trial .* not checked here yet"):
+        as_trainable_class(train_trial(loop), "m:trial")
+    with pytest.raises(ConfigError, match=r"WorkerSession\(\): not inside a Ray Train worker"):
+        WorkerSession(TrainingState(models={"m": torch.nn.Linear(2, 2)}))
+
+
 def _grid(mode: str, storage: Path, tmp_path: Path, faults: dict[str, list[dict]]) -> dict[str, tune.Result]:
     """One Tune run, a trial per case, one at a time (each trial's 2 Train workers take the 2 CPUs)."""
     cases = []

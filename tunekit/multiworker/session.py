@@ -81,8 +81,13 @@ class WorkerSession:
         config = dict(config or {})
         start, written_before = config.pop(START_KEYS[0], None), set(config.pop(START_KEYS[1], ()))
         self.state, self.config, self.name, self.mutable = state, config, name or "worker_loop", tuple(mutable)
-        context = ray.train.get_context()
-        self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
+        try:
+            context = ray.train.get_context()
+            self.rank, self.world_size = context.get_world_rank(), context.get_world_size()
+        except (DeprecationWarning, RuntimeError, AttributeError) as exc:
+            raise ConfigError("WorkerSession(): not inside a Ray Train worker; create it in the "
+                              "train_loop_per_worker of a TorchTrainer (tunekit.multiworker.train_trial runs one "
+                              f"per Tune trial) ({type(exc).__name__}: {exc})") from None
         self.sharded = is_sharded(state) if sharded == "auto" else bool(sharded)
         #: The checkpoint this rank restored from (None: started fresh), and whether its own part came too.
         self.restored_from: str | None = None

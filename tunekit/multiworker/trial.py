@@ -107,6 +107,7 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
 
     trial.__name__ = trial.__qualname__ = name
     trial.__module__ = getattr(train_loop_per_worker, "__module__", __name__)
+    trial.tunekit_multiworker = True  # type: ignore[attr-defined]  # (tunekit check says it cannot check it)
     from tunekit import _ray
 
     return _ray.with_function_mixin(trial, _StopsTrainRun)
