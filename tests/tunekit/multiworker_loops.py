@@ -42,6 +42,25 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()}
 
 
+def _wait_until_train_registered_a_checkpoint() -> None:
+    """Until the Train controller lists a checkpoint in its snapshot (a checkpoint still being written in
+    the background when the worker dies is not one to resume from); after 5 minutes, on regardless."""
+    import json
+    import time
+
+    import ray.train
+
+    snapshot = os.path.join(ray.train.get_context().get_storage().experiment_fs_path, "checkpoint_manager_snapshot.json")
+    for _ in range(6000):
+        try:
+            with open(snapshot) as fh:
+                if json.load(fh).get("checkpoint_results"):
+                    return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+
+
 def _die_once(marker: str) -> None:
     if not os.path.exists(marker):
         open(marker, "w").close()
@@ -90,16 +109,16 @@ def loop(config: dict[str, Any]) -> None:
             loss.backward()
             opt.step()
             for fault in now:
-                if fault.get("step") == step:
+                if fault.get("step") == step and not os.path.exists(fault["marker"]):
+                    _wait_until_train_registered_a_checkpoint()  # (saves are written in the background)
                     _die_once(fault["marker"])
-        for fault in now:
+        for fault in now:  # (the write may run on after report returns: the marker makes it die once)
             if "phase" in fault:
                 tk_checkpoint._on_write_phase = lambda phase, f=fault: phase == f["phase"] and _die_once(f["marker"])
         session.report({"loss": float(loss.detach()), "iteration": session.iteration + 1,
                         "restored_from_iteration": _restored_iteration(session),
                         "lr_in_effect": opt.param_groups[0]["lr"], "restored_from": session.restored_from or ""},
                        checkpoint=(session.iteration + 1) % config.get("every", 1) == 0)
-        tk_checkpoint._on_write_phase = None
     full = full_model_state(model)
     if rank == 0 and config.get("out"):
         torch.save(full, os.path.join(config["out"], "final.pt"))

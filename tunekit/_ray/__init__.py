@@ -111,6 +111,7 @@ __all__ = [
     "local_trial_dir",
     "next_local_checkpoint",
     "offline_storage",
+    "persist_train_checkpoint",
     "pin_donor_checkpoint",
     "publish_local_checkpoint",
     "quiet_ray_notices",
@@ -336,4 +337,13 @@ def with_function_mixin(function: Any, mixin: type) -> Any:
     when Tune stops the trial): Ray's ``wrap_function`` reads the undocumented ``__mixins__``."""
     function.__mixins__ = (mixin, *getattr(function, "__mixins__", ()))
     return function
+
+
+def persist_train_checkpoint(checkpoint: Any, checkpoint_dir_name: str) -> Any:
+    """Inside a Ray Train worker: copy ``checkpoint`` to the run's storage as ``checkpoint_dir_name``, as
+    ``ray.train.report`` does itself when no ``checkpoint_upload_fn`` is given (Train's ``get_storage`` is a
+    DeveloperAPI and its ``persist_current_checkpoint`` undocumented)."""
+    import ray.train
+
+    return ray.train.get_context().get_storage().persist_current_checkpoint(checkpoint, checkpoint_dir_name)
 

@@ -12,10 +12,12 @@ Tested in ``tests/tunekit/test_multiworker.py``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -25,9 +27,9 @@ from tunekit._ranks import RANKS_FILE, rank_dir, ranks_bytes
 from tunekit.checkpoint import read_state, write_checkpoint
 from tunekit.errors import CheckpointError
 from tunekit.rng import capture_rng, restore_rng
-from tunekit.state import FORMAT, Counters, TrainingState
+from tunekit.state import FORMAT, Counters, StateBuffers, TrainingState
 
-__all__ = ["is_sharded", "load_parts", "write_parts"]
+__all__ = ["is_sharded", "load_parts", "stage_parts", "write_parts"]
 
 _RANK_KEYS = ("data", "rng")
 
@@ -71,22 +73,58 @@ def write_parts(state: TrainingState, directory: str, *, rank: int, world_size: 
                 metadata: dict[str, Any]) -> None:
     """Write this rank's parts of a checkpoint of ``state`` into ``directory`` (this rank's local copy of
     the one checkpoint directory: Ray Train merges every rank's into one on storage)."""
-    if rank == 0:  # before rank-0/ exists: the replicated part's manifest lists only its own files
-        rest = _replicated_rest(state) if sharded else \
-            {k: v for k, v in state.state_dict().items() if k not in _RANK_KEYS}  # only rank 0 copies it
-        os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, RANKS_FILE), "wb") as fh:
-            fh.write(ranks_bytes(world_size, sharded=sharded))
-        write_checkpoint(directory, rest, metadata={**metadata, "world_size": world_size, "sharded": sharded},
-                         durable=False)
-    own = os.path.join(directory, rank_dir(rank))
+    stage_parts(state, directory, rank=rank, world_size=world_size, sharded=sharded, metadata=metadata)()
+
+
+def stage_parts(state: TrainingState, directory: str, *, rank: int, world_size: int, sharded: bool,
+                metadata: dict[str, Any], buffers: StateBuffers | None = None,
+                process_group: Any = None) -> Callable[[], None]:
+    """Copy what this rank writes of a checkpoint of ``state`` (the blocking half of a save); the returned
+    function writes it into ``directory`` (the other half: on another thread while training goes on).
+
+    ``buffers``: reused CPU buffers for the copy (else fresh ones); ``process_group``: a process group of
+    its own for the sharded state's write (``torch.distributed.checkpoint.async_save``: staged now, written
+    on DCP's thread; its collectives must not meet training's), else the shard is written now.
+    """
+    buffers = buffers or StateBuffers()
+    rest = None
+    if rank == 0:  # only rank 0 copies the replicated state
+        rest = buffers.copy(_replicated_rest(state)) if sharded else \
+            {k: v for k, v in state.state_dict(into=buffers).items() if k not in _RANK_KEYS}
+    mine = {"format": FORMAT, "data": copy.deepcopy(state.data.state_dict()) if state.data is not None else None,
+            "rng": capture_rng()}
+    shards = tempfile.mkdtemp(prefix="tunekit-shard-") if sharded else None
+    pending = None
     if sharded:
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(_sharded_dict(state), storage_writer=dcp.FileSystemWriter(own))  # collective: every rank
-    mine = {"format": FORMAT, "data": state.data.state_dict() if state.data is not None else None,
-            "rng": capture_rng()}
-    write_checkpoint(own, mine, metadata={**metadata, "rank": rank, "world_size": world_size}, durable=False)
+        writer = dcp.FileSystemWriter(shards)
+        if process_group is None:
+            dcp.save(_sharded_dict(state), storage_writer=writer)  # collective: every rank
+        else:
+            pending = dcp.async_save(_sharded_dict(state), storage_writer=writer, process_group=process_group)
+
+    def write() -> None:
+        own = os.path.join(directory, rank_dir(rank))
+        try:
+            if rank == 0:  # before rank-0/ exists: the replicated part's manifest lists only its own files
+                buffers.wait_copied()
+                os.makedirs(directory, exist_ok=True)
+                with open(os.path.join(directory, RANKS_FILE), "wb") as fh:
+                    fh.write(ranks_bytes(world_size, sharded=sharded))
+                write_checkpoint(directory, rest, durable=False,
+                                 metadata={**metadata, "world_size": world_size, "sharded": sharded})
+            if pending is not None:
+                pending.result()
+            if shards is not None:
+                os.makedirs(directory, exist_ok=True)
+                shutil.move(shards, own)  # the shard's files, then this rank's manifest covering them
+            write_checkpoint(own, mine, metadata={**metadata, "rank": rank, "world_size": world_size}, durable=False)
+        finally:
+            if shards is not None and os.path.isdir(shards):
+                shutil.rmtree(shards, ignore_errors=True)
+
+    return write
 
 
 @contextmanager

@@ -11,10 +11,12 @@ Tested in ``tests/tunekit/test_multiworker.py``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import posixpath
 import tempfile
+import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -24,9 +26,9 @@ from tunekit._manifest import read_metadata, verify_directory
 from tunekit._ranks import RANKS_FILE, read_ranks
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters, changed_hyperparameters
-from tunekit.multiworker._parts import is_sharded, load_parts, write_parts
+from tunekit.multiworker._parts import is_sharded, load_parts, stage_parts, write_parts
 from tunekit.multiworker.trial import GROUP_KEY, START_KEYS
-from tunekit.state import TrainingState
+from tunekit.state import StateBuffers, TrainingState
 from tunekit.storage import resolve_storage
 
 __all__ = ["WorkerSession"]
@@ -58,6 +60,11 @@ class WorkerSession:
         resume_from: A multi-worker checkpoint (path, URI or ``ray.train.Checkpoint``) to start from when
             Train hands none back: Ray Train V2's replacement for ``resume_from_checkpoint`` (pass it in
             ``train_loop_config``); also how a run on another number of workers continues (resharded).
+        background: A save blocks this rank only while it copies its part (the sharded state through
+            ``torch.distributed.checkpoint.async_save`` on a gloo process group of its own); the write and
+            Ray Train's upload go on on another thread, and the checkpoint is registered once every rank's
+            part is on storage (``checkpoint_upload_mode=ASYNC``). At most one write is in flight: the next
+            save waits for it. False: written and uploaded before ``report`` returns.
         mutable: Hyperparameters put in effect when the restored checkpoint was taken under another value
             (a PBT clone's mutated rate, or a resume with a changed config): ``lr`` (under the LR
             schedulers), ``momentum``, ``weight_decay``, ``batch_size`` (``state.data.batch_size``);
@@ -70,7 +77,8 @@ class WorkerSession:
 
     def __init__(self, state: TrainingState, *, config: Mapping[str, Any] | None = None,
                  sharded: bool | Literal["auto"] = "auto", name: str | None = None,
-                 resume_from: Any = None, mutable: tuple[str, ...] = DEFAULT_MUTABLE) -> None:
+                 resume_from: Any = None, background: bool = True,
+                 mutable: tuple[str, ...] = DEFAULT_MUTABLE) -> None:
         import ray.train
 
         if not isinstance(state, TrainingState):
@@ -94,6 +102,8 @@ class WorkerSession:
         self.restored_own_part = False
         #: The iteration the restored checkpoint was taken at (None: started fresh).
         self.restored_iteration: int | None = None
+        self.background, self._buffers, self._writing = bool(background), StateBuffers(), None
+        self._save_group = _save_group() if self.background and self.sharded else None
         from ray.util import get_current_placement_group
 
         group = get_current_placement_group()
@@ -125,15 +135,58 @@ class WorkerSession:
         if not checkpoint:
             ray.train.report(metrics)
             return
+        if self.background:
+            self._report_in_background(metrics)
+            return
         with tempfile.TemporaryDirectory(prefix="tunekit-rank-") as directory:
             self.save(directory)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
 
+    def _report_in_background(self, metrics: dict[str, Any]) -> None:
+        import ray.train
+        from ray.train import CheckpointUploadMode
+
+        from tunekit import _ray
+
+        began = time.perf_counter()
+        self.wait_for_write()  # one write in flight, one copy of the state held
+        directory = tempfile.mkdtemp(prefix="tunekit-rank-")
+        write = stage_parts(self.state, directory, rank=self.rank, world_size=self.world_size, sharded=self.sharded,
+                            metadata=self._metadata(), buffers=self._buffers, process_group=self._save_group)
+        blocked = time.perf_counter() - began
+        done: concurrent.futures.Future[float] = concurrent.futures.Future()
+
+        def upload(checkpoint: Any, name: str) -> Any:  # on Ray Train's upload thread
+            start = time.perf_counter()
+            try:
+                write()
+                persisted = _ray.persist_train_checkpoint(checkpoint, name)
+            except BaseException as exc:
+                done.set_exception(exc)
+                raise
+            done.set_result(time.perf_counter() - start)
+            return persisted
+
+        self._writing = done
+        if self.rank == 0:
+            metrics = {**metrics, "tunekit/save_blocked_s": blocked}
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory),
+                         checkpoint_upload_mode=CheckpointUploadMode.ASYNC, checkpoint_upload_fn=upload,
+                         delete_local_checkpoint_after_upload=True)
+
+    def wait_for_write(self) -> None:
+        """Wait until this rank's part of the last checkpoint is written and uploaded (raises its error)."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
+
+    def _metadata(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "trainable": self.name, "config": self.config}
+
     def save(self, directory: str) -> None:
         """Write this rank's parts of a checkpoint of the current state into ``directory`` (collective)."""
-        meta = {"iteration": self.iteration, "trainable": self.name, "config": self.config}
         write_parts(self.state, directory, rank=self.rank, world_size=self.world_size, sharded=self.sharded,
-                    metadata=meta)
+                    metadata=self._metadata())
 
     def _restore(self, checkpoint: Any) -> None:
         """Restore from the newest checkpoint, from Train's own back to older ones, that verifies on every
@@ -188,6 +241,15 @@ class WorkerSession:
                 f"cannot restore {path}: written by {written_by} workers, this run has {self.world_size}; its "
                 f"state is replicated with one data stream and RNG per rank, which cannot be split or merged: "
                 f"resume with {written_by} workers (sharded state, FSDP, reshards)")
+
+
+def _save_group() -> Any:
+    """A gloo process group of every rank for ``async_save``'s collectives (None without a process group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.new_group(backend="gloo")
 
 
 def _as_checkpoint(location: Any) -> Any:
