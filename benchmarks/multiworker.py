@@ -70,7 +70,7 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: str, port: in
     from torch.distributed.fsdp import fully_shard
 
     from tunekit import TrainingState
-    from tunekit.multiworker._parts import stage_parts, write_parts
+    from tunekit.multiworker._parts import shard_stager, stage_parts, write_parts
     from tunekit.state import StateBuffers
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -83,7 +83,7 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: str, port: in
     model(torch.randn(4, width)).sum().backward()
     opt.step()
     state = TrainingState(models={"model": model}, optimizers={"opt": opt})
-    group, buffers = dist.new_group(backend="gloo"), StateBuffers()  # as WorkerSession(background=True)
+    group, buffers, stager = dist.new_group(backend="gloo"), StateBuffers(), shard_stager()  # as WorkerSession does
     rows = []
     for i in range(-1, args.repeat):  # run -1 warms up (first-call costs), not shown
         for how in HOWS:
@@ -99,7 +99,8 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: str, port: in
                     write_parts(state, where, rank=rank, world_size=world, sharded=True, metadata={"iteration": i})
                 elif how == "background":  # blocked: the copy; the write (here at once) runs on another thread
                     write = stage_parts(state, where, rank=rank, world_size=world, sharded=True,
-                                        metadata={"iteration": i}, buffers=buffers, process_group=group)
+                                        metadata={"iteration": i}, buffers=buffers, process_group=group,
+                                        stager=stager)
                     staged = time.perf_counter() - start
                     write()
                 else:

@@ -191,3 +191,45 @@ def test_pbt_clones_a_donor_sharded_checkpoint_with_the_mutated_rate_in_effect(f
         target = train_checkpoint_of(result.checkpoint)
         assert target is not None and target.startswith(str(Path(result.path) / "train"))
         assert verify_checkpoint(target).ok
+
+
+def test_a_background_save_writes_the_state_of_its_copy_while_training_changes_it(tmp_path):
+    """One rank (a gloo group of one, in this process): the save's copy is taken, training changes every
+    weight and the optimizer's moments, then the write runs; the checkpoint holds the state at the copy."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from tunekit import TrainingState
+    from tunekit.multiworker._parts import load_parts, shard_stager, stage_parts
+    from tunekit.state import StateBuffers
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        def build() -> TrainingState:
+            torch.manual_seed(0)
+            model = fully_shard(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)))
+            opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+            return TrainingState(models={"model": model}, optimizers={"opt": opt})
+
+        def step(state: TrainingState) -> None:
+            state.models["model"](torch.randn(2, 8)).pow(2).sum().backward()
+            state.optimizers["opt"].step()
+
+        state = build()
+        step(state)
+        before = {k: v.full_tensor().clone() for k, v in state.models["model"].state_dict().items()}
+        moments = state.optimizers["opt"].state_dict()["state"][0]["exp_avg"].full_tensor().clone()
+        write = stage_parts(state, str(tmp_path / "ckpt"), rank=0, world_size=1, sharded=True,
+                            metadata={"iteration": 1}, buffers=StateBuffers(), process_group=dist.new_group(backend="gloo"),
+                            stager=shard_stager())
+        step(state)  # training goes on before the write
+        assert not torch.equal(state.models["model"].state_dict()["0.weight"].full_tensor(), before["0.weight"])
+        write()
+        assert verify_checkpoint(str(tmp_path / "ckpt")).ok
+        fresh = build()
+        load_parts(fresh, str(tmp_path / "ckpt"), rank=0, world_size=1, written_by=1, sharded=True)
+        after = {k: v.full_tensor() for k, v in fresh.models["model"].state_dict().items()}
+        assert all(torch.equal(after[k], before[k]) for k in before)
+        assert torch.equal(fresh.optimizers["opt"].state_dict()["state"][0]["exp_avg"].full_tensor(), moments)
+    finally:
+        dist.destroy_process_group()

@@ -29,7 +29,7 @@ from tunekit.errors import CheckpointError
 from tunekit.rng import capture_rng, restore_rng
 from tunekit.state import FORMAT, Counters, StateBuffers, TrainingState
 
-__all__ = ["is_sharded", "load_parts", "stage_parts", "write_parts"]
+__all__ = ["is_sharded", "load_parts", "shard_stager", "stage_parts", "write_parts"]
 
 _RANK_KEYS = ("data", "rng")
 
@@ -69,6 +69,18 @@ def _replicated_rest(state: TrainingState) -> dict[str, Any]:
                    "counters": dataclasses.asdict(state.counters), "extras": dict(state.extras)})
 
 
+def shard_stager() -> Any:
+    """DCP's stager for ``async_save``, kept from save to save: it copies the shard into CPU buffers it keeps
+    (the default stager is made anew for each save, its buffers too: 0.6 s for 450 MB a rank, measured);
+    pinned and non-blocking only where a GPU is. One write in flight at a time (the buffers are reused)."""
+    import torch
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    gpu = torch.cuda.is_available()
+    return DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False, use_async_staging=False,
+                                        use_non_blocking_copy=gpu))
+
+
 def write_parts(state: TrainingState, directory: str, *, rank: int, world_size: int, sharded: bool,
                 metadata: dict[str, Any]) -> None:
     """Write this rank's parts of a checkpoint of ``state`` into ``directory`` (this rank's local copy of
@@ -78,13 +90,14 @@ def write_parts(state: TrainingState, directory: str, *, rank: int, world_size: 
 
 def stage_parts(state: TrainingState, directory: str, *, rank: int, world_size: int, sharded: bool,
                 metadata: dict[str, Any], buffers: StateBuffers | None = None,
-                process_group: Any = None) -> Callable[[], None]:
+                process_group: Any = None, stager: Any = None) -> Callable[[], None]:
     """Copy what this rank writes of a checkpoint of ``state`` (the blocking half of a save); the returned
     function writes it into ``directory`` (the other half: on another thread while training goes on).
 
     ``buffers``: reused CPU buffers for the copy (else fresh ones); ``process_group``: a process group of
     its own for the sharded state's write (``torch.distributed.checkpoint.async_save``: staged now, written
-    on DCP's thread; its collectives must not meet training's), else the shard is written now.
+    on DCP's thread; its collectives must not meet training's), else the shard is written now; ``stager``:
+    DCP's ``async_stager`` (:func:`shard_stager`: reused CPU buffers).
     """
     buffers = buffers or StateBuffers()
     rest = None
@@ -102,7 +115,8 @@ def stage_parts(state: TrainingState, directory: str, *, rank: int, world_size: 
         if process_group is None:
             dcp.save(_sharded_dict(state), storage_writer=writer)  # collective: every rank
         else:
-            pending = dcp.async_save(_sharded_dict(state), storage_writer=writer, process_group=process_group)
+            pending = dcp.async_save(_sharded_dict(state), storage_writer=writer, process_group=process_group,
+                                     async_stager=stager)
 
     def write() -> None:
         own = os.path.join(directory, rank_dir(rank))

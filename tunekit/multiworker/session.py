@@ -26,7 +26,7 @@ from tunekit._manifest import read_metadata, verify_directory
 from tunekit._ranks import RANKS_FILE, read_ranks
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters, changed_hyperparameters
-from tunekit.multiworker._parts import is_sharded, load_parts, stage_parts, write_parts
+from tunekit.multiworker._parts import is_sharded, load_parts, shard_stager, stage_parts, write_parts
 from tunekit.multiworker.trial import GROUP_KEY, START_KEYS
 from tunekit.state import StateBuffers, TrainingState
 from tunekit.storage import resolve_storage
@@ -104,6 +104,7 @@ class WorkerSession:
         self.restored_iteration: int | None = None
         self.background, self._buffers, self._writing = bool(background), StateBuffers(), None
         self._save_group = _save_group() if self.background and self.sharded else None
+        self._stager = shard_stager() if self._save_group is not None else None
         from ray.util import get_current_placement_group
 
         group = get_current_placement_group()
@@ -152,7 +153,8 @@ class WorkerSession:
         self.wait_for_write()  # one write in flight, one copy of the state held
         directory = tempfile.mkdtemp(prefix="tunekit-rank-")
         write = stage_parts(self.state, directory, rank=self.rank, world_size=self.world_size, sharded=self.sharded,
-                            metadata=self._metadata(), buffers=self._buffers, process_group=self._save_group)
+                            metadata=self._metadata(), buffers=self._buffers, process_group=self._save_group,
+                            stager=self._stager)
         blocked = time.perf_counter() - began
         done: concurrent.futures.Future[float] = concurrent.futures.Future()
 
