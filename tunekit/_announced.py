@@ -103,15 +103,25 @@ def drop_unregistered(parent: str, completed: int) -> None:
     """After checkpoint ``completed`` is whole: remove the announced checkpoints before it that were never
     written and that Ray never registered (their worker was killed before its ``save`` returned).
 
+    Only an empty checkpoint directory beside its dead writer's staging
+    directory is such a checkpoint. An empty one without it may be a
+    registered checkpoint that Ray's ``num_to_keep`` is deleting at this
+    moment (pyarrow removes the files first, then the directory): removing
+    it would make Ray's deletion fail, which Ray logs with a traceback. So
+    the caller runs this before :func:`tunekit._trial_dir.tidy`, which
+    removes dead writers' staging directories.
+
     One Ray registered is what a restore of the trial was asked for
     (:func:`registered_unwritten`): Ray's ``num_to_keep`` deletes it, and
     deleting it first would make Ray's deletion fail.
     """
-    live = {ckpt for ckpt, host, pid in staging_dirs(parent) if writer_alive(host, pid)}
+    writers = staging_dirs(parent)
+    live = {ckpt for ckpt, host, pid in writers if writer_alive(host, pid)}
+    died = {ckpt for ckpt, _, _ in writers} - live
     with os.scandir(parent) as entries:
         found = [(e.name, e.path) for e in entries if CHECKPOINT_DIR.match(e.name)]
     for name, path in found:
-        if int(name.rsplit("_", 1)[1]) < completed and name not in live and \
+        if int(name.rsplit("_", 1)[1]) < completed and name in died and \
                 os.path.normpath(path) not in _REGISTERED_UNWRITTEN and is_announced_only(path):
             _remove_empty(path)
 

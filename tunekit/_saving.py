@@ -314,8 +314,8 @@ def commit_checkpoint(staging: str, final: str, write: Callable[[str], None], du
     durability.sync(final)
     parent, name = os.path.split(final)
     if match := CHECKPOINT_DIR.match(name):
+        drop_unregistered(parent, int(match[1]))  # first: it needs the dead writers' staging directories
         tidy(parent, int(match[1]))
-        drop_unregistered(parent, int(match[1]))
         release_adopted_pin(parent, int(match[1]))
 
 

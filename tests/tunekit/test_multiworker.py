@@ -60,6 +60,8 @@ def test_check_and_a_session_outside_a_train_worker_say_what_is_wrong():
         as_trainable_class(train_trial(loop), "m:trial")
     with pytest.raises(ConfigError, match=r"WorkerSession\(\): not inside a Ray Train worker"):
         WorkerSession(TrainingState(models={"m": torch.nn.Linear(2, 2)}))
+    with pytest.raises(ConfigError, match=r"WorkerSession\(background='no'\): expected True or False"):
+        WorkerSession(TrainingState(models={"m": torch.nn.Linear(2, 2)}), background="no")
 
 
 def _grid(mode: str, storage: Path, tmp_path: Path, faults: dict[str, list[dict]]) -> dict[str, tune.Result]:

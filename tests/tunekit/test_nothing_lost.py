@@ -227,3 +227,22 @@ def test_an_announced_checkpoint_whose_writer_died_is_missing_for_a_restore(tmp_
     # What Ray registered and asked for now holds the state the trial goes on from: it exists and verifies.
     assert verify_checkpoint(str(trial / "checkpoint_000002")).ok
     assert read_metadata(str(trial / "checkpoint_000002"))["iteration"] == 3
+
+
+def test_a_checkpoint_ray_is_deleting_is_left_to_ray_and_a_dead_writers_announcement_is_dropped(tmp_path):
+    """Seen in CI: Ray's ``num_to_keep`` was deleting a registered checkpoint (pyarrow removes its files, then
+    the directory) when the trial's next write completed; that commit took the emptied directory for an
+    announcement nobody registered, removed it first, and Ray logged its failed deletion with a traceback.
+    Only an empty directory beside its dead writer's staging directory is removed."""
+    trial = tmp_path / "trial"
+    being_deleted = trial / "checkpoint_000000"
+    write_checkpoint(being_deleted, {"w": torch.zeros(4)}, metadata={"iteration": 1})
+    for child in list(being_deleted.iterdir()):  # Ray's deletion, half done: the files gone, the directory not
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+    _interrupted(trial / "checkpoint_000001")  # never registered: its worker was SIGKILLed inside the write
+    final = str(trial / "checkpoint_000002")
+    commit_checkpoint(stage_checkpoint(final), final,
+                      lambda d: write_checkpoint(d, {"w": torch.ones(4)}, metadata={"iteration": 2}), Durability())
+    assert sorted(os.listdir(trial)) == ["checkpoint_000000", "checkpoint_000002"]
+    pafs.LocalFileSystem().delete_dir(str(being_deleted))  # Ray's deletion completes: it finds its directory
+    assert verify_checkpoint(final).ok

@@ -94,16 +94,19 @@ def stage_parts(state: TrainingState, directory: str, *, rank: int, world_size: 
     """Copy what this rank writes of a checkpoint of ``state`` (the blocking half of a save); the returned
     function writes it into ``directory`` (the other half: on another thread while training goes on).
 
-    ``buffers``: reused CPU buffers for the copy (else fresh ones); ``process_group``: a process group of
+    ``buffers``: reused CPU buffers for the copy (None: nothing copied, for a caller that writes at once);
+    ``process_group``: a process group of
     its own for the sharded state's write (``torch.distributed.checkpoint.async_save``: staged now, written
     on DCP's thread; its collectives must not meet training's), else the shard is written now; ``stager``:
     DCP's ``async_stager`` (:func:`shard_stager`: reused CPU buffers).
     """
-    buffers = buffers or StateBuffers()
     rest = None
     if rank == 0:  # only rank 0 copies the replicated state
-        rest = buffers.copy(_replicated_rest(state)) if sharded else \
-            {k: v for k, v in state.state_dict(into=buffers).items() if k not in _RANK_KEYS}
+        if sharded:
+            rest = _replicated_rest(state)
+            rest = buffers.copy(rest) if buffers is not None else rest
+        else:
+            rest = {k: v for k, v in state.state_dict(into=buffers).items() if k not in _RANK_KEYS}
     mine = {"format": FORMAT, "data": copy.deepcopy(state.data.state_dict()) if state.data is not None else None,
             "rng": capture_rng()}
     shards = tempfile.mkdtemp(prefix="tunekit-shard-") if sharded else None
@@ -121,9 +124,10 @@ def stage_parts(state: TrainingState, directory: str, *, rank: int, world_size: 
     def write() -> None:
         own = os.path.join(directory, rank_dir(rank))
         try:
+            os.makedirs(directory, exist_ok=True)
             if rank == 0:  # before rank-0/ exists: the replicated part's manifest lists only its own files
-                buffers.wait_copied()
-                os.makedirs(directory, exist_ok=True)
+                if buffers is not None:
+                    buffers.wait_copied()
                 with open(os.path.join(directory, RANKS_FILE), "wb") as fh:
                     fh.write(ranks_bytes(world_size, sharded=sharded))
                 write_checkpoint(directory, rest, durable=False,
@@ -131,7 +135,6 @@ def stage_parts(state: TrainingState, directory: str, *, rank: int, world_size: 
             if pending is not None:
                 pending.result()
             if shards is not None:
-                os.makedirs(directory, exist_ok=True)
                 shutil.move(shards, own)  # the shard's files, then this rank's manifest covering them
             write_checkpoint(own, mine, metadata={**metadata, "rank": rank, "world_size": world_size}, durable=False)
         finally:

@@ -26,6 +26,7 @@ from tunekit._manifest import read_metadata, verify_directory
 from tunekit._ranks import RANKS_FILE, read_ranks
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters, changed_hyperparameters
+from tunekit.interval import SAVE_BLOCKED_KEY
 from tunekit.multiworker._parts import is_sharded, load_parts, shard_stager, stage_parts, write_parts
 from tunekit.multiworker.trial import GROUP_KEY, START_KEYS
 from tunekit.state import StateBuffers, TrainingState
@@ -85,6 +86,8 @@ class WorkerSession:
             raise ConfigError(f"WorkerSession(state={type(state).__name__}): expected a tunekit.TrainingState")
         if sharded not in (True, False, "auto"):
             raise ConfigError(f"WorkerSession(sharded={sharded!r}): expected True, False or 'auto'")
+        if not isinstance(background, bool):
+            raise ConfigError(f"WorkerSession(background={background!r}): expected True or False")
         state.models = {k: _unwrapped(m) for k, m in state.models.items()}
         config = dict(config or {})
         start, written_before = config.pop(START_KEYS[0], None), set(config.pop(START_KEYS[1], ()))
@@ -102,7 +105,7 @@ class WorkerSession:
         self.restored_own_part = False
         #: The iteration the restored checkpoint was taken at (None: started fresh).
         self.restored_iteration: int | None = None
-        self.background, self._buffers, self._writing = bool(background), StateBuffers(), None
+        self.background, self._buffers, self._writing = background, StateBuffers(), None
         self._save_group = _save_group() if self.background and self.sharded else None
         self._stager = shard_stager() if self._save_group is not None else None
         from ray.util import get_current_placement_group
@@ -156,22 +159,21 @@ class WorkerSession:
                             metadata=self._metadata(), buffers=self._buffers, process_group=self._save_group,
                             stager=self._stager)
         blocked = time.perf_counter() - began
-        done: concurrent.futures.Future[float] = concurrent.futures.Future()
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
 
         def upload(checkpoint: Any, name: str) -> Any:  # on Ray Train's upload thread
-            start = time.perf_counter()
             try:
                 write()
                 persisted = _ray.persist_train_checkpoint(checkpoint, name)
             except BaseException as exc:
                 done.set_exception(exc)
                 raise
-            done.set_result(time.perf_counter() - start)
+            done.set_result(None)
             return persisted
 
         self._writing = done
         if self.rank == 0:
-            metrics = {**metrics, "tunekit/save_blocked_s": blocked}
+            metrics = {**metrics, SAVE_BLOCKED_KEY: blocked}
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory),
                          checkpoint_upload_mode=CheckpointUploadMode.ASYNC, checkpoint_upload_fn=upload,
                          delete_local_checkpoint_after_upload=True)

@@ -135,13 +135,11 @@ def _names(filesystem: Any, run_dir: str) -> list[str]:
     """The checkpoint directories a Train run has written so far (none: an empty list)."""
     import pyarrow.fs as pafs
 
-    if filesystem is None:
-        from tunekit.storage import resolve_storage
+    from tunekit.storage import resolve_storage
 
-        where = resolve_storage(run_dir)
-        filesystem, run_dir = where.filesystem, where.path
+    where = resolve_storage(run_dir, filesystem=filesystem)
     try:
-        infos = filesystem.get_file_info(pafs.FileSelector(run_dir, allow_not_found=True))
+        infos = where.filesystem.get_file_info(pafs.FileSelector(where.path, allow_not_found=True))
     except OSError:
         return []
     return sorted(posixpath.basename(i.path) for i in infos
@@ -154,14 +152,14 @@ class _Reporter(UserCallback):
     does, which reports no checkpoint to Tune)."""
 
     def __init__(self, queue: Any) -> None:
-        self.queue = queue
+        self.queue, self._told = queue, False
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
         import ray
 
         first = dict(metrics[0])
         group = first.pop(GROUP_KEY, None)
-        controller = None if getattr(self, "_told", False) else ray.get_runtime_context().current_actor
+        controller = None if self._told else ray.get_runtime_context().current_actor
         self._told = True
         self.queue.put((first, checkpoint.path if checkpoint else None, group, controller))
 
