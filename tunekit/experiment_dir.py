@@ -25,11 +25,14 @@ from tunekit._trial_dir import CHECKPOINT_DIR, DAMAGED_COPY
 from tunekit.errors import ExperimentError
 from tunekit.storage import Storage, storage_errors
 
-__all__ = ["CHECKPOINT_DIR", "CheckpointDir", "DAMAGED_COPY", "TRAIN_DIR", "TrialDir", "checkpoint_bytes", "find_trials"]
+__all__ = ["CHECKPOINT_DIR", "CheckpointDir", "DAMAGED_COPY", "POINTER_KEY", "TRAIN_DIR", "TrialDir", "checkpoint_bytes",
+           "find_trials"]
 
 _TRIAL_FILES = ("params.json", "result.json", "progress.csv", "error.txt")
 #: Where a multi-worker trial's Ray Train run keeps its checkpoints (:func:`tunekit.multiworker.train_trial`).
 TRAIN_DIR = "train"
+#: Metadata key of a multi-worker trial's Tune checkpoint that points at its Train checkpoint (the path).
+POINTER_KEY = "train_checkpoint"
 
 
 @dataclass(frozen=True)

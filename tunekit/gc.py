@@ -9,7 +9,7 @@ selections, the newest checkpoint that verifies of every unfinished trial is kep
 interrupted writes left (staging directories whose writer is gone), copies kept
 while a newer checkpoint was written, and PBT pins of a finished run;
 damaged checkpoints' copies that ``tunekit resume`` kept are left to the user, and so are a
-multi-worker trial's Ray Train checkpoints (``train/checkpoint_*``: Train's ``num_to_keep`` keeps them).
+multi-worker trial's Ray Train checkpoints (``train/checkpoint_*``: a Tune checkpoint may point at any).
 
 Tested in ``tests/tunekit/test_gc.py``.
 """
@@ -129,7 +129,7 @@ def plan_gc(
                 plan.damaged.append(f"{trial.name}/{ckpt.name}: {damaged[ckpt.uri]}")
                 plan.kept_bytes += size
             elif keep is None or (trial.name, ckpt.name) in keep or ckpt.name.startswith(f"{TRAIN_DIR}/"):
-                # a multi-worker trial's Train checkpoints are Ray Train's to keep (its num_to_keep)
+                # a multi-worker trial's Train checkpoints: a Tune checkpoint (a pointer) may name any of them
                 kept.append(ckpt.name)
                 plan.kept_bytes += size
             else:

@@ -25,7 +25,7 @@ from tunekit.checkpoint import (
     verify_checkpoint,
 )
 from tunekit.errors import CheckpointError
-from tunekit.experiment_dir import find_trials
+from tunekit.experiment_dir import POINTER_KEY, find_trials
 from tunekit.storage import Storage, resolve_storage
 
 __all__ = ["CheckpointCheck", "ExperimentCheck", "experiment_file_problems", "result_file_problems",
@@ -97,12 +97,32 @@ def _being_written(trial: Any, name: str) -> bool:
                for hidden, kind in leftovers(where.filesystem, where.path))
 
 
-def _iteration(location: Storage) -> int | None:
+def _metadata(location: Storage) -> dict[str, Any]:
     try:
-        value = read_metadata(location).get("iteration")
+        return read_metadata(location)
     except CheckpointError:
-        return None
+        return {}
+
+
+def _iteration(location: Storage, metadata: dict[str, Any] | None = None) -> int | None:
+    value = (_metadata(location) if metadata is None else metadata).get("iteration")
     return value if isinstance(value, int) else None
+
+
+def _pointer_gone(experiment: Storage, trial: Any, target: Any) -> str | None:
+    """What to say of a multi-worker trial's Tune checkpoint (a pointer, :mod:`tunekit.multiworker`) whose
+    Train checkpoint ``target`` is missing on storage; None when it is there, or not this experiment's."""
+    if not isinstance(target, str):
+        return None
+    target = target.rstrip("/")
+    if target in {c.location.path.rstrip("/") for c in trial.checkpoints}:
+        return None
+    if not target.startswith(experiment.path.rstrip("/") + "/"):
+        return None  # Train's storage_path is elsewhere: not this experiment's storage to judge
+    if experiment.filesystem.get_file_info(target).type != pafs.FileType.NotFound:
+        return None
+    return (f"points at the multi-worker checkpoint {target}, which is missing on storage: a PBT clone or a "
+            "resume from it cannot start (keep every Train checkpoint a Tune checkpoint points at)")
 
 
 def verify_experiment(
@@ -140,13 +160,13 @@ def verify_experiment(
                     trial.name, ckpt.name, None, "incomplete",
                     (NOT_WRITTEN, "its writer is gone: the trial restores from its newest good checkpoint"))
         elif is_ours or any_tunekit:
-            check = CheckpointCheck(
-                trial.name,
-                ckpt.name,
-                _iteration(ckpt.location) if is_ours else None,
-                report.status,
-                tuple(report.problems) if is_ours else ("no tunekit files in it",),
-            )
+            meta = _metadata(ckpt.location) if is_ours else {}
+            status, problems = report.status, tuple(report.problems) if is_ours else ("no tunekit files in it",)
+            gone = _pointer_gone(experiment, trial, meta.get(POINTER_KEY)) if status == "good" else None
+            if gone is not None:
+                status, problems = "incomplete", (gone,)
+            check = CheckpointCheck(trial.name, ckpt.name, _iteration(ckpt.location, meta) if is_ours else None,
+                                    status, problems)
         else:
             check = CheckpointCheck(trial.name, ckpt.name, None, "unverified", ("not a tunekit checkpoint",))
         result.checks.append(check)

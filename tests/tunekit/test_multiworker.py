@@ -50,6 +50,31 @@ def test_a_checkpoint_verifies_only_when_every_rank_part_does(tmp_path):
     assert report.problems == ["rank-1/: missing (the checkpoint was written by 2 workers)"]
 
 
+def test_verify_names_a_tune_checkpoint_whose_train_checkpoint_is_gone(tmp_path, capsys):
+    """A multi-worker trial's Tune checkpoints point at its Train checkpoints; one whose target was deleted
+    (Ray Train's ``num_to_keep``, a hand) is what a PBT clone or a resume cannot start from: damage."""
+    import shutil
+
+    from tunekit import verify_experiment
+    from tunekit.multiworker.trial import _write_pointer, train_checkpoint_of
+
+    trial = tmp_path / "exp" / "loop_abc_00000"
+    (trial / "train").mkdir(parents=True)
+    (trial / "params.json").write_text("{}")
+    for i in (1, 2):
+        target = _fake_two_rank_checkpoint(trial / "train" / f"checkpoint_2026-11-26_0{i}")
+        _write_pointer(str(trial / f"checkpoint_00000{i - 1}"), str(target), "loop", {}, None)
+    assert train_checkpoint_of(str(trial / "checkpoint_000001")) == str(target)
+    assert verify_experiment(str(tmp_path / "exp")).ok
+    shutil.rmtree(target)
+    check = verify_experiment(str(tmp_path / "exp"))
+    assert [(c.checkpoint, c.status, c.iteration) for c in check.checks if c.bad] == [
+        ("checkpoint_000001", "incomplete", 1)]
+    assert f"points at the multi-worker checkpoint {target}, which is missing" in check.checks[1].problems[0]
+    assert main(["verify", str(tmp_path / "exp")]) == 1
+    assert "checkpoint_000001" in capsys.readouterr().out
+
+
 def test_check_and_a_session_outside_a_train_worker_say_what_is_wrong():
     from tunekit import TrainingState
     from tunekit.check import as_trainable_class
@@ -193,6 +218,10 @@ def test_pbt_clones_a_donor_sharded_checkpoint_with_the_mutated_rate_in_effect(f
         target = train_checkpoint_of(result.checkpoint)
         assert target is not None and target.startswith(str(Path(result.path) / "train"))
         assert verify_checkpoint(target).ok
+    from tunekit import verify_experiment
+
+    check = verify_experiment(str(storage / "pbt"))  # every pointer's target there, every rank's part whole
+    assert check.ok, [c for c in check.checks if c.status != "good"]
 
 
 def test_a_background_save_writes_the_state_of_its_copy_while_training_changes_it(tmp_path):

@@ -27,13 +27,12 @@ from typing import Any
 from ray.train import UserCallback
 
 from tunekit.errors import CheckpointError, ConfigError
+from tunekit.experiment_dir import POINTER_KEY
 
 __all__ = ["GROUP_KEY", "POINTER_KEY", "START_KEYS", "train_checkpoint_of", "train_trial"]
 
 logger = logging.getLogger(__name__)
 
-#: Metadata key of a Tune checkpoint that points at a multi-worker (Train) checkpoint.
-POINTER_KEY = "train_checkpoint"
 #: Config keys through which a trial tells its workers which checkpoint Tune handed it (its own pointer, or
 #: a PBT donor's), and the Train checkpoints its Train run had written before: those are older than Tune's
 #: view (a PBT clone's own) or newer than it (written after the report Tune paused the trial at).
