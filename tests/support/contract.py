@@ -18,6 +18,7 @@ from ray import tune
 
 from tests.support.faults import flip_byte
 from tunekit import function_trainable
+from tunekit._trial_dir import await_write
 from tunekit.trainables import DigitsTrainable, train_digits
 
 
@@ -243,6 +244,8 @@ class DamageAndKill(tune.Callback):
         found = fs.get_file_info(pafs.FileSelector(trial_dir))
         names = sorted(i.base_name for i in found if i.base_name.startswith("checkpoint_"))
         for name in names[-self.damage :]:
+            if isinstance(fs, pafs.LocalFileSystem):  # a two-phase write may be in flight: damage what it wrote
+                await_write(posixpath.join(trial_dir, name))
             flip_byte(fs, posixpath.join(trial_dir, name))
             self.damaged.append(name)
         ray.kill(trial.temporary_state.ray_actor)
