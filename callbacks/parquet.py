@@ -19,7 +19,7 @@ from ray.tune.experiment import Trial
 from typing_extensions import override
 
 from tunekit._checks import integer_at_least, positive_number
-from tunekit._result_frames import is_journal, journal_table
+from tunekit._result_frames import by_trial, is_journal, journal_table
 from tunekit._ray import trial_filesystem
 from tunekit.table import JOURNAL, RESULTS_DIR, flatten_result, rows_to_table
 from tunekit.callbacks.record import TunekitCallback
@@ -37,8 +37,8 @@ class ParquetLogger(TunekitCallback):
     session and sequence, so files sort in the order they were written), on
     the experiment's own storage (local, S3, ...). When the experiment ends,
     the session's batch files are compacted into one
-    (``part-<session>-all.parquet``), which makes reading a large experiment
-    several times faster; a crash between writing it and deleting the batches
+    (``part-<session>-all.parquet``, its rows grouped by trial), which makes
+    reading a large experiment several times faster; a crash between writing it and deleting the batches
     leaves duplicate rows that readers drop.
 
     When a trial checkpoints, completes or fails, the rows not yet written
@@ -129,13 +129,14 @@ class ParquetLogger(TunekitCallback):
         super().on_experiment_end(trials, **info)
 
     def compact(self) -> None:
-        """Merge this session's batch files into one file, then delete them."""
+        """Merge this session's batch files into one file (rows grouped by trial, each trial's in the order
+        logged), then delete them."""
         if len(self._written) < 2 or self._target is None:
             return
         fs, experiment = self._target
         tables = [pq.read_table(path, filesystem=fs) for path in self._written]
         try:
-            merged = pa.concat_tables(tables, promote_options="permissive")
+            merged = by_trial(pa.concat_tables(tables, promote_options="permissive"))
         except (pa.ArrowInvalid, pa.ArrowTypeError):
             return  # a key changed type between batches: keep the batch files as they are
         name = posixpath.join(experiment, RESULTS_DIR, f"part-{self._session}-all.parquet")

@@ -26,7 +26,7 @@ from tunekit.results import parse_result_lines, read_text
 from tunekit.storage import Storage, storage_errors
 from tunekit.table import JOURNAL, RESULTS_DIR, flatten_result, rows_to_table
 
-__all__ = ["ITER", "dedupe_frame", "dedupe_order", "dedupe_table", "from_parquet", "from_result_json", "is_journal",
+__all__ = ["ITER", "by_trial", "dedupe_frame", "dedupe_order", "dedupe_table", "from_parquet", "from_result_json", "is_journal",
            "journal_table", "order_columns", "parquet_parts", "parts_table", "row_config"]
 
 #: The iteration column.
@@ -46,11 +46,17 @@ def row_config(row: pd.Series) -> dict[str, Any]:
     return config
 
 
+def _column_order(columns: list[str]) -> list[str]:
+    first = [c for c in ("trial_id", ITER) if c in columns]
+    config = sorted(c for c in columns if c.startswith("config/"))
+    return first + [c for c in columns if c not in first and not c.startswith("config/")] + config
+
+
 def order_columns(df: pd.DataFrame) -> pd.DataFrame:
-    first = [c for c in ("trial_id", ITER) if c in df.columns]
-    config = sorted(c for c in df.columns if c.startswith("config/"))
-    rest = [c for c in df.columns if c not in first and c not in config]
-    return df[first + rest + config]
+    """``df`` with ``trial_id`` and the iteration first and the config columns last (sorted); ``df`` itself when
+    they are in that order already (a table read from Parquet is ordered before it becomes pandas)."""
+    order = _column_order([str(c) for c in df.columns])
+    return df if order == list(df.columns) else df[order]
 
 
 def _trial_codes(trials: Any) -> np.ndarray:
@@ -65,6 +71,16 @@ def _trial_codes(trials: Any) -> np.ndarray:
     return np.where(codes < 0, len(uniques), codes)
 
 
+def by_trial(table: pa.Table) -> pa.Table:
+    """``table``'s rows grouped by trial (in sorted order of the trial ids), each trial's rows in the order
+    logged: a compacted dataset is stored so, and a reader whose trials never ran an iteration twice finds it
+    in order (:func:`dedupe_order` then moves nothing)."""
+    if "trial_id" not in table.column_names or table.num_rows < 2:
+        return table
+    codes = _trial_codes(table.column("trial_id"))
+    return table.take(np.lexsort((np.arange(len(codes)), codes)))
+
+
 def dedupe_order(trials: Any, iterations: Any) -> np.ndarray:
     """The indices of the rows to keep, sorted by trial and iteration: per trial, the rows no later row
     supersedes (a later row with iteration <= it: a restore re-ran iterations). Rows come in the order
@@ -75,6 +91,8 @@ def dedupe_order(trials: Any, iterations: Any) -> np.ndarray:
     """
     codes = _trial_codes(trials)
     iters = pd.to_numeric(pd.Series(iterations), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    if len(codes) and np.all((codes[1:] > codes[:-1]) | ((codes[1:] == codes[:-1]) & (iters[1:] > iters[:-1]))):
+        return np.arange(len(codes))  # sorted already, each iteration once (a compacted dataset)
     by_trial = np.lexsort((np.arange(len(codes)), codes))  # each trial's rows together, in logged order
     codes, iters = codes[by_trial], iters[by_trial]
     went_back = (codes[1:] == codes[:-1]) & (iters[1:] <= iters[:-1])
@@ -97,9 +115,13 @@ def dedupe_frame(df: pd.DataFrame) -> pd.DataFrame:
 def dedupe_table(table: pa.Table) -> pd.DataFrame:
     """``table``'s rows that :func:`dedupe_order` keeps, in its order, as pandas (taken before converting:
     Arrow's take is cheaper than pandas' indexing of string columns)."""
+    table = table.select(_column_order(table.column_names))  # (no copy: pandas' reordering copies every column)
     if table.num_rows == 0 or ITER not in table.column_names or "trial_id" not in table.column_names:
         return dedupe_frame(table.to_pandas())
-    return table.take(dedupe_order(table.column("trial_id"), table.column(ITER).to_pandas())).to_pandas()
+    order = dedupe_order(table.column("trial_id"), table.column(ITER).to_pandas())
+    if len(order) == table.num_rows and np.array_equal(order, np.arange(len(order))):
+        return table.to_pandas()  # nothing to drop or move
+    return table.take(order).to_pandas()
 
 
 def is_journal(path: str) -> bool:

@@ -26,7 +26,7 @@ from tunekit.errors import ExperimentError
 from tunekit.storage import Storage, storage_errors
 
 __all__ = ["CHECKPOINT_DIR", "CheckpointDir", "DAMAGED_COPY", "POINTER_KEY", "TRAIN_DIR", "TrialDir", "checkpoint_bytes",
-           "find_trials"]
+           "find_trials", "root_files"]
 
 _TRIAL_FILES = ("params.json", "result.json", "progress.csv", "error.txt")
 #: Where a multi-worker trial's Ray Train run keeps its checkpoints (:func:`tunekit.multiworker.train_trial`).
@@ -61,6 +61,23 @@ class _Entry(NamedTuple):  # (a tuple: listing 2,000 trials makes tens of thousa
     is_file: bool
 
 
+def _names(where: Storage, path: str) -> list[_Entry]:
+    """The names in directory ``path``, each as a possible file and directory (locally by ``os.listdir``: half
+    the time of ``os.scandir`` over 2,000 trial directories; what a name is, is told by the name)."""
+    if not where.is_local:
+        return _list(where, path)
+    with storage_errors("list", where):
+        try:
+            return [_Entry(name, True, True) for name in os.listdir(path)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+
+def root_files(experiment: Storage) -> list[str]:
+    """The names of the files at the top of ``experiment`` (its state files, Ray's PBT log), sorted."""
+    return sorted(e.base_name for e in _list(experiment, experiment.path) if e.is_file)
+
+
 def _list(where: Storage, path: str) -> list[_Entry]:
     """The entries of directory ``path`` (none if it is missing). Locally by ``os.scandir``, which knows
     each entry's type without a ``stat`` (pyarrow stats every entry: most of listing 2,000 trials)."""
@@ -75,8 +92,9 @@ def _list(where: Storage, path: str) -> list[_Entry]:
                 for i in where.filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=True))]
 
 
-def find_trials(experiment: Storage) -> list[TrialDir]:
-    """The trial directories of ``experiment``, sorted by name.
+def find_trials(experiment: Storage, *, checkpoints: bool = True) -> list[TrialDir]:
+    """The trial directories of ``experiment``, sorted by name; without their checkpoints when
+    ``checkpoints=False`` (the names in a trial directory are read, not what each one is).
 
     Raises:
         ExperimentError: ``experiment`` does not exist or is not a Ray Tune
@@ -101,23 +119,28 @@ def find_trials(experiment: Storage) -> list[TrialDir]:
     for entry in sorted(entries, key=lambda e: e.base_name):
         if not entry.is_dir:
             continue
-        children = _list(experiment, posixpath.join(experiment.path, entry.base_name))
-        checkpoints = sorted(
-            (
-                CheckpointDir(c.base_name, int(m[1]), experiment.join(entry.base_name, c.base_name))
-                for c in children
-                if c.is_dir and (m := CHECKPOINT_DIR.match(c.base_name))
-            ),
-            key=lambda c: c.index,
-        )
-        checkpoints += _train_checkpoints(experiment, entry.base_name, children, start=len(checkpoints))
-        is_trial = checkpoints or any(
+        if checkpoints:
+            children = _list(experiment, posixpath.join(experiment.path, entry.base_name))
+            found = sorted(
+                (
+                    CheckpointDir(c.base_name, int(m[1]), experiment.join(entry.base_name, c.base_name))
+                    for c in children
+                    if c.is_dir and (m := CHECKPOINT_DIR.match(c.base_name))
+                ),
+                key=lambda c: c.index,
+            )
+            found += _train_checkpoints(experiment, entry.base_name, children, start=len(found))
+        else:
+            children = _names(experiment, posixpath.join(experiment.path, entry.base_name))
+            found = [c for c in children if CHECKPOINT_DIR.match(c.base_name)]
+        is_trial = found or any(
             c.is_file and c.base_name in _TRIAL_FILES for c in children
         )
         if is_trial:
             copies = tuple(sorted(c.base_name for c in children
                                   if c.is_dir and DAMAGED_COPY.match(c.base_name)))
-            trials.append(TrialDir(entry.base_name, experiment.join(entry.base_name), tuple(checkpoints), copies))
+            trials.append(TrialDir(entry.base_name, experiment.join(entry.base_name),
+                                   tuple(found) if checkpoints else (), copies))
     if not has_state and not trials:
         raise ExperimentError(
             f"{experiment.uri}: not a Ray Tune experiment directory "

@@ -28,15 +28,14 @@ import posixpath
 import re
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from tunekit._checks import as_number
 from tunekit.checkpoint import METADATA_FILE as METADATA_NAME
 from tunekit.checkpoint import read_metadata, unsupported_format
 from tunekit.errors import CheckpointError
-from tunekit.experiment_dir import TrialDir, checkpoint_bytes, find_trials
+from tunekit.experiment_dir import TrialDir, checkpoint_bytes, find_trials, root_files
 from tunekit.record import interrupted_trials
-from tunekit.results import RESTORED_FROM_KEY, dedupe_lineage, exploits_by_trial, parse_result_lines, read_text, rows_lost
+from tunekit.results import (RESTORED_FROM_KEY, dedupe_lineage, exploits_by_trial, loads, parse_result_lines, read_bytes,
+                             read_text, rows_lost)
 from tunekit._pickles import tuner_pickle_problem
 from tunekit.storage import Storage, resolve_storage
 
@@ -74,36 +73,25 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def _state_files(experiment: Storage) -> list[pafs.FileInfo]:
-    infos = experiment.filesystem.get_file_info(pafs.FileSelector(experiment.path))
-    return sorted(
-        (
-            i for i in infos
-            if i.type == pafs.FileType.File
-            and i.base_name.startswith("experiment_state")
-            and i.base_name.endswith(".json")
-        ),
-        key=lambda i: i.base_name,
-    )
-
-
-def _read_state(experiment: Storage, problems: list[str],
-                damaged: list[str]) -> tuple[str | None, dict[str, Any]]:
-    """The newest experiment state that reads whole; newer damaged ones are named in ``problems`` and ``damaged``."""
+def _read_state(experiment: Storage, problems: list[str], damaged: list[str],
+                files: list[str] | None = None) -> tuple[str | None, dict[str, Any]]:
+    """The newest experiment state that reads whole; newer damaged ones are named in ``problems`` and ``damaged``.
+    ``files``: the experiment's top-level files (:func:`~tunekit.experiment_dir.root_files`), when listed already."""
     why = []
-    for info in reversed(_state_files(experiment)):
-        text = read_text(experiment.filesystem, info.path) or ""
+    files = root_files(experiment) if files is None else files
+    for name in reversed([f for f in files if f.startswith("experiment_state") and f.endswith(".json")]):
+        text = read_bytes(experiment.filesystem, posixpath.join(experiment.path, name)) or b""
         try:
-            state = json.loads(text)
+            state = loads(text)
             if not isinstance(state, dict) or not isinstance(state.get("trial_data", []), list):
                 raise ValueError("not a Ray Tune experiment state")
         except ValueError as exc:
-            damaged.append(info.base_name)
-            why.append(f"{info.base_name} is damaged ({exc})")
+            damaged.append(name)
+            why.append(f"{name} is damaged ({exc})")
             continue
         if why:
-            problems.append(f"{'; '.join(why)}; read {info.base_name}, the newest one that is whole")
-        return info.base_name, state
+            problems.append(f"{'; '.join(why)}; read {name}, the newest one that is whole")
+        return name, state
     if why:
         problems.append(f"{'; '.join(why)}; no older one is whole: showing what the trial directories say")
         return damaged[0], {}
@@ -129,9 +117,9 @@ def _trials_from_state(state: dict[str, Any], problems: list[str], *, runtimes: 
     for entry in state.get("trial_data") or []:
         try:
             trial_json, runtime_json = entry
-            trial = json.loads(trial_json) if isinstance(trial_json, str) else dict(trial_json)
+            trial = loads(trial_json) if isinstance(trial_json, str) else dict(trial_json)
             runtime_json = runtime_json if runtimes else {}
-            runtime = json.loads(runtime_json) if isinstance(runtime_json, str) else dict(runtime_json)
+            runtime = loads(runtime_json) if isinstance(runtime_json, str) else dict(runtime_json)
         except (ValueError, TypeError) as exc:
             problems.append(f"a trial entry of the state file is damaged ({exc})")
             continue
@@ -227,16 +215,17 @@ def _tag(trial: dict[str, Any], dir_name: str) -> str | None:
     return None
 
 
-def read_exploits(experiment: Storage, tags: dict[str, str]) -> list[Exploit]:
+def read_exploits(experiment: Storage, tags: dict[str, str], files: list[str] | None = None) -> list[Exploit]:
     """The exploits in Ray's ``pbt_global.txt`` and the copies ``tunekit resume`` kept of it (Ray starts the
     file anew in a resumed run), each line once; none if there is no such file.
 
     Args:
         tags: A trial's experiment tag (``"3_lr=0.01"``, or its index ``"3"``)
             to its trial id; a tag not in it stays as logged.
+        files: The experiment's top-level files, when listed already.
     """
-    names = sorted(i.base_name for i in experiment.filesystem.get_file_info(pafs.FileSelector(experiment.path))
-                   if i.base_name.startswith(f"{PBT_LOG}.before-resume-")) + [PBT_LOG]
+    files = root_files(experiment) if files is None else files
+    names = [f for f in files if f.startswith(f"{PBT_LOG}.before-resume-")] + [PBT_LOG]
     lines = dict.fromkeys(line for name in names
                           for line in (read_text(experiment.filesystem, posixpath.join(experiment.path, name))
                                        or "").splitlines())
@@ -300,10 +289,11 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
         StorageError: the storage cannot be read.
     """
     experiment = resolve_storage(location, filesystem=filesystem)
-    trial_dirs = find_trials(experiment)
+    trial_dirs = find_trials(experiment, checkpoints=results)
     problems: list[str] = []
     damaged_states: list[str] = []
-    state_file, state = _read_state(experiment, problems, damaged_states)
+    files = root_files(experiment)
+    state_file, state = _read_state(experiment, problems, damaged_states, files)
     pickle_damage = tuner_pickle_problem(experiment)
     if pickle_damage:
         problems.append(f"{pickle_damage}; `tunekit resume` can still continue the trials")
@@ -379,7 +369,7 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
         numbers = [s for s in starts if isinstance(s, (int, float))]
         start_time = min(numbers) if numbers else None
     trials.sort(key=lambda t: t.trial_id)
-    exploits = read_exploits(experiment, trial_tags(trials))
+    exploits = read_exploits(experiment, trial_tags(trials), files)
     interrupted = interrupted_trials(experiment.filesystem, experiment.path, trials)
     clones = exploits_by_trial(exploits)
     for t in trials:

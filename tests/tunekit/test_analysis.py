@@ -104,6 +104,66 @@ def test_restored_iterations_count_once_keeping_the_lineage_that_went_on(tmp_pat
     assert df.loc[df["trial_id"] == "b", "config/x"].tolist() == ["b"] * 3
 
 
+def test_load_results_names_a_damaged_copy_and_finds_trials_by_their_files_or_checkpoints(tmp_path):
+    exp = tmp_path / "exp"
+    _write_trial(exp, "t_a", _rows("a", [1, 2], [1, 2]))
+    (exp / "t_a" / ".checkpoint_000001.damaged").mkdir()  # kept by tunekit resume
+    (exp / "t_b" / "checkpoint_000000").mkdir(parents=True)  # a trial with a checkpoint and no rows yet
+    (exp / "notes").mkdir()  # not a trial
+    (exp / "notes" / "todo.txt").write_text("x")
+    with pytest.warns(UserWarning, match="damaged"):
+        df = load_results(str(exp))
+    assert df["trial_id"].tolist() == ["a", "a"]
+    assert any("t_a/.checkpoint_000001.damaged" in p for p in df.attrs["problems"])
+    assert [t.name for t in read_experiment(str(exp), results=False).trials] == ["t_a", "t_b"]
+
+
+def _kept_by_definition(trials, iterations):
+    """The rows dedupe keeps, by its definition: a row stays unless a later row of its trial has an iteration
+    at or below it; sorted by trial, then iteration, ties in logged order."""
+    kept = [i for i, (t, it) in enumerate(zip(trials, iterations))
+            if not any(trials[j] == t and iterations[j] <= it for j in range(i + 1, len(trials)))]
+    return sorted(kept, key=lambda i: (trials[i], iterations[i], i))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_dedupe_keeps_each_iteration_once_whether_the_rows_come_grouped_or_not(seed):
+    import random
+
+    import pyarrow as pa
+
+    from tunekit._result_frames import by_trial, dedupe_order
+
+    rng = random.Random(seed)
+    logged = {}
+    for trial in rng.sample("abcdef", rng.randint(1, 4)):
+        its, it = [], 0
+        for _ in range(rng.randint(1, 8)):  # runs on, or goes back to a checkpoint (re-runs) now and then
+            it = it + 1 if rng.random() < 0.8 or it < 2 else rng.randint(1, it)
+            its.append(it)
+        logged[trial] = its
+    if seed % 3 == 0:  # grouped, in the trials' order (a compacted dataset)
+        rows = [(t, i) for t in sorted(logged) for i in logged[t]]
+    elif seed % 3 == 1:  # grouped, in another order
+        rows = [(t, i) for t in logged for i in logged[t]]
+    else:  # interleaved, as trials running side by side log them (each trial's own order kept)
+        rows, left = [], {t: list(its) for t, its in logged.items()}
+        while left:
+            t = rng.choice(sorted(left))
+            rows.append((t, left[t].pop(0)))
+            if not left[t]:
+                del left[t]
+    trials, its = [t for t, _ in rows], [i for _, i in rows]
+    expected = _kept_by_definition(trials, its)
+    assert dedupe_order(trials, its).tolist() == expected
+    table = by_trial(pa.table({"trial_id": trials, "training_iteration": its, "row": list(range(len(rows)))}))
+    assert table.column("trial_id").to_pylist() == sorted(trials)  # grouped by trial ...
+    grouped = table.column("row").to_pylist()
+    assert all(a < b for a, b in zip(grouped, grouped[1:]) if trials[a] == trials[b])  # ... in logged order
+    kept = dedupe_order(table.column("trial_id"), table.column("training_iteration").to_pandas())
+    assert [grouped[i] for i in kept] == expected  # and dedupe of the grouped table keeps the same rows
+
+
 @pytest.mark.parametrize(
     "scope, mode, expected",
     [("last", "max", "b"), ("max", "max", "a"), ("min", "min", "a"), ("mean", "max", "b"), ("mean", "min", "a")],
