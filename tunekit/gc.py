@@ -8,8 +8,14 @@ selections, the newest checkpoint that verifies of every unfinished trial is kep
 ``tunekit resume`` continues from. ``leftovers=True`` also deletes what
 interrupted writes left (staging directories whose writer is gone), copies kept
 while a newer checkpoint was written, and PBT pins of a finished run;
-damaged checkpoints' copies that ``tunekit resume`` kept are left to the user, and so are a
-multi-worker trial's Ray Train checkpoints (``train/checkpoint_*``: a Tune checkpoint may point at any).
+damaged checkpoints' copies that ``tunekit resume`` kept are left to the user.
+
+A multi-worker trial (:mod:`tunekit.multiworker`) has two kinds: its Tune checkpoints (``checkpoint_NNNNNN``,
+pointers that carry the iteration and metrics) and the Ray Train checkpoints they point at
+(``train/checkpoint_<time>``, every rank's part). The selections count the Tune checkpoints; a Train
+checkpoint stays while a kept Tune checkpoint of any trial points at it (a PBT clone's may point at its
+donor's) and when it is its trial's newest (where Train's own restart begins), and goes otherwise: no
+checkpoint kept can reach it.
 
 Tested in ``tests/tunekit/test_gc.py``.
 """
@@ -23,8 +29,10 @@ from typing import Literal
 import pyarrow.fs as pafs
 
 from tunekit._trial_dir import leftovers as hidden_dirs
-from tunekit.errors import ConfigError, ExperimentError
-from tunekit.experiment_dir import TRAIN_DIR, checkpoint_bytes
+from tunekit._manifest import read_metadata
+from tunekit._snapshot_model import CheckpointSummary
+from tunekit.errors import CheckpointError, ConfigError, ExperimentError
+from tunekit.experiment_dir import POINTER_KEY, TRAIN_DIR, checkpoint_bytes
 from tunekit.record import driver_running, read_record
 from tunekit.retention import Policy, newest_first, selected
 from tunekit.snapshot import ExperimentSnapshot, read_experiment
@@ -117,6 +125,8 @@ def plan_gc(
         snapshot.check_metric("--metric", policy.metric)
     damaged = _damaged(snapshot) if policy.selects else {}
     keep = _kept(snapshot, policy, damaged) if policy.selects else None
+    if keep is not None:
+        keep |= _train_kept(experiment, snapshot, keep)
     plan = GcPlan(experiment.uri)
     fs = experiment.filesystem
     sizes = checkpoint_bytes(experiment)
@@ -128,12 +138,12 @@ def plan_gc(
             if ckpt.uri in damaged:  # never counted, never deleted: shown, for the user to look at
                 plan.damaged.append(f"{trial.name}/{ckpt.name}: {damaged[ckpt.uri]}")
                 plan.kept_bytes += size
-            elif keep is None or (trial.name, ckpt.name) in keep or ckpt.name.startswith(f"{TRAIN_DIR}/"):
-                # a multi-worker trial's Train checkpoints: a Tune checkpoint (a pointer) may name any of them
+            elif keep is None or (trial.name, ckpt.name) in keep:
                 kept.append(ckpt.name)
                 plan.kept_bytes += size
             else:
-                plan.deletions.append(Deletion(trial.name, ckpt.name, size, "not selected"))
+                why = "no checkpoint kept points at it" if _is_train(ckpt) else "not selected"
+                plan.deletions.append(Deletion(trial.name, ckpt.name, size, why))
         plan.kept[trial.name] = kept
         if leftovers:
             for name, kind in hidden_dirs(fs, where.path):
@@ -161,7 +171,7 @@ def _kept(snapshot: ExperimentSnapshot, policy: Policy, damaged: dict[str, str])
     never makes the good one before it expendable (``--trial-latest 1`` keeps
     the newest that verifies).
     """
-    good = {t.name: [c for c in t.checkpoints if c.uri not in damaged] for t in snapshot.trials}
+    good = {t.name: [c for c in t.checkpoints if c.uri not in damaged and not _is_train(c)] for t in snapshot.trials}
     keep = selected(good, policy)
     for trial in snapshot.trials:
         if trial.status != "TERMINATED":  # resume continues it from its newest checkpoint that verifies
@@ -169,6 +179,33 @@ def _kept(snapshot: ExperimentSnapshot, policy: Policy, damaged: dict[str, str])
             if newest is not None:
                 keep.add((trial.name, newest.name))
     return keep
+
+
+def _is_train(checkpoint: CheckpointSummary) -> bool:
+    """Whether ``checkpoint`` is a multi-worker trial's Ray Train checkpoint (not a Tune checkpoint)."""
+    return checkpoint.name.startswith(f"{TRAIN_DIR}/")
+
+
+def _train_kept(experiment: Storage, snapshot: ExperimentSnapshot, keep: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The Train checkpoints to keep: those a kept Tune checkpoint points at (any trial's), and each trial's
+    newest (Train restarts its worker group from it). Nothing when no trial has Train checkpoints."""
+    trains = {t.name: [c for c in t.checkpoints if _is_train(c)] for t in snapshot.trials}
+    if not any(trains.values()):
+        return set()
+    out = {(name, cs[-1].name) for name, cs in trains.items() if cs}  # (oldest first: named by time)
+    root = experiment.path.rstrip("/") + "/"
+    for trial in snapshot.trials:
+        for ckpt in trial.checkpoints:
+            if (trial.name, ckpt.name) not in keep or _is_train(ckpt):
+                continue
+            try:
+                target = read_metadata(experiment.join(trial.name, ckpt.name)).get(POINTER_KEY)
+            except CheckpointError:
+                continue  # (damaged ones are shown as damage and kept)
+            if isinstance(target, str) and target.startswith(root):  # (another storage_path: not ours to judge)
+                owner, _, rest = target[len(root):].rstrip("/").partition("/")
+                out.add((owner, rest))
+    return out
 
 
 def delete_planned(plan: GcPlan) -> int:

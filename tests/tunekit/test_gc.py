@@ -158,3 +158,57 @@ def test_gc_never_deletes_what_resume_needs_and_resume_then_completes_the_experi
     (trial,) = read_experiment(exp).trials
     assert trial.status == "TERMINATED" and trial.iterations == 5
     assert main(["verify", exp]) == 0
+
+
+def _train_checkpoint(path, iteration: int):
+    """A two-rank Train checkpoint as tunekit.multiworker writes it (the shards' bytes made up)."""
+    from tunekit.checkpoint import write_checkpoint
+
+    path.mkdir(parents=True)
+    (path / "ranks.json").write_text(json.dumps({"world_size": 2, "sharded": True}))
+    write_checkpoint(path, {"counters": {"iteration": iteration}}, metadata={"iteration": iteration})
+    for rank in (0, 1):
+        (path / f"rank-{rank}").mkdir()
+        (path / f"rank-{rank}" / f"__{rank}_0.distcp").write_bytes(bytes([iteration, rank]) * 512)
+        write_checkpoint(path / f"rank-{rank}", {"rng": rank}, metadata={"rank": rank})
+    return path
+
+
+@pytest.mark.parametrize("select", [["--trial-latest", "1"], ["--trial-best", "1", "--metric", "loss", "--mode", "min"]])
+def test_gc_of_multi_worker_trials_keeps_every_train_checkpoint_a_kept_pointer_needs(tmp_path, capsys, select):
+    """A multi-worker trial's Tune checkpoints are pointers to its Train checkpoints: the selections count the
+    pointers; a Train checkpoint goes only when no kept pointer (of any trial: a PBT clone's points at its
+    donor's) names it and it is not its trial's newest."""
+    from tunekit import verify_experiment
+    from tunekit.multiworker.trial import _write_pointer
+
+    exp = tmp_path / "exp"
+    losses = {"a": [0.9, 0.8, 0.7], "b": [0.5, 0.95]}  # b's best is its first: the one it cloned from a
+    for trial, loss in losses.items():
+        (exp / f"loop_{trial}").mkdir(parents=True)
+        (exp / f"loop_{trial}" / "result.json").write_text("".join(
+            json.dumps({"trial_id": trial, "training_iteration": i + 1, "loss": v, "done": i + 1 == len(loss)}) + "\n"
+            for i, v in enumerate(loss)))
+    a, b = exp / "loop_a", exp / "loop_b"
+    t = [_train_checkpoint(a / "train" / f"checkpoint_2026-11-26_0{i}", i) for i in (1, 2, 3)]
+    u = _train_checkpoint(b / "train" / "checkpoint_2026-11-26_05", 2)
+    _write_pointer(str(a / "checkpoint_000000"), str(t[0]), "loop", {}, None)  # a: iterations 1 and 2 reached
+    _write_pointer(str(a / "checkpoint_000001"), str(t[1]), "loop", {}, None)  # Tune; its workers wrote t[2]
+    _write_pointer(str(b / "checkpoint_000000"), str(t[0]), "loop", {}, None)  # b: cloned a's iteration 1
+    _write_pointer(str(b / "checkpoint_000001"), str(u), "loop", {}, None)
+    assert verify_experiment(str(exp)).ok
+
+    assert main(["gc", str(exp), *select]) == 0
+    listed = _listed(capsys.readouterr().out)
+    assert main(["gc", str(exp), *select, "--yes"]) == 0
+    left = {str(p.relative_to(exp)) for p in [*exp.glob("*/checkpoint_*"), *exp.glob("*/train/checkpoint_*")]}
+    if select[0] == "--trial-latest":  # a's newest pointer and what it names; a's newest Train one; b's newest
+        gone = {"loop_a/checkpoint_000000", "loop_a/train/checkpoint_2026-11-26_01", "loop_b/checkpoint_000000"}
+    else:  # b's best is its clone of a's first: that Train checkpoint, in a's directory, stays
+        gone = {"loop_a/checkpoint_000000", "loop_b/checkpoint_000001"}
+    assert listed == gone
+    assert left == {"loop_a/checkpoint_000000", "loop_a/checkpoint_000001", "loop_b/checkpoint_000000",
+                    "loop_b/checkpoint_000001", "loop_a/train/checkpoint_2026-11-26_01",
+                    "loop_a/train/checkpoint_2026-11-26_02", "loop_a/train/checkpoint_2026-11-26_03",
+                    "loop_b/train/checkpoint_2026-11-26_05"} - gone
+    assert verify_experiment(str(exp)).ok  # no pointer left pointing at nothing
