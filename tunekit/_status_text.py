@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tunekit.experiment_dir import TRAIN_DIR, checkpoint_count
+
 __all__ = ["print_snapshot"]
 
 
@@ -50,13 +52,16 @@ def print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None:
             value = trial.metric(metric)
             row.append("-" if value is None else _short(value))
         row += [_short(trial.config.get(k, "-")) for k in varying]
-        row += [str(len(trial.checkpoints)), format_bytes(sizes[trial.trial_id])]
+        row += [checkpoint_count(c.name for c in trial.checkpoints), format_bytes(sizes[trial.trial_id])]
         if chosen:
             row.append(chosen[0][trial.trial_id])
         row.append(_short(trial.error or "", 60))
         rows.append(row)
     print(format_table(headers, rows))
-    print(f"checkpoints: {sum(len(t.checkpoints) for t in snapshot.trials)}, {format_bytes(sum(sizes.values()))}")
+    every = [c for t in snapshot.trials for c in t.checkpoints]
+    train = sum(c.name.startswith(f"{TRAIN_DIR}/") for c in every)
+    print(f"checkpoints: {len(every) - train}" + (f" and {train} Ray Train checkpoints of multi-worker trials (every "
+          "rank's part)" if train else "") + f", {format_bytes(sum(sizes.values()))}")
     if chosen:
         print(f"checkpoint interval (chosen by CheckpointAutopilot from save cost and failures): {chosen[1]}")
     for trial in snapshot.trials:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import posixpath
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 
 import pyarrow.fs as pafs
 
@@ -26,7 +26,7 @@ from tunekit.errors import ExperimentError
 from tunekit.storage import Storage, storage_errors
 
 __all__ = ["CHECKPOINT_DIR", "CheckpointDir", "DAMAGED_COPY", "POINTER_KEY", "TRAIN_DIR", "TrialDir", "checkpoint_bytes",
-           "find_trials", "root_files"]
+           "checkpoint_count", "find_trials", "root_files"]
 
 _TRIAL_FILES = ("params.json", "result.json", "progress.csv", "error.txt")
 #: Where a multi-worker trial's Ray Train run keeps its checkpoints (:func:`tunekit.multiworker.train_trial`).
@@ -160,6 +160,18 @@ def _train_checkpoints(experiment: Storage, trial: str, children: list[_Entry], 
                    if c.is_dir and c.base_name.startswith("checkpoint_"))
     return [CheckpointDir(f"{TRAIN_DIR}/{name}", start + i, experiment.join(trial, TRAIN_DIR, name))
             for i, name in enumerate(names)]
+
+
+def checkpoint_count(names: Iterable[str]) -> str:
+    """A trial's checkpoints as the readers show them: ``3``; a multi-worker trial's Tune checkpoints and the
+    Ray Train checkpoints they point at: ``2+3 train``.
+
+    >>> checkpoint_count(["checkpoint_000000", "checkpoint_000001", "train/checkpoint_2026-11-26_01"])
+    '2+1 train'
+    """
+    names = list(names)
+    train = sum(name.startswith(f"{TRAIN_DIR}/") for name in names)
+    return f"{len(names) - train}+{train} train" if train else str(len(names))
 
 
 def checkpoint_bytes(experiment: Storage) -> dict[str, int]:

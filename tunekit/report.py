@@ -22,6 +22,7 @@ import pandas as pd
 
 from tunekit.analysis import Lineage, load_results, pbt_lineage
 from tunekit.errors import ConfigError, ExperimentError
+from tunekit.experiment_dir import checkpoint_count
 from tunekit.interval import INTERVAL_KEY, trial_intervals
 from tunekit.results import format_ranges
 from tunekit.snapshot import RAY_KEYS, BestCheckpoint, ExperimentSnapshot, format_counts, read_experiment
@@ -259,7 +260,7 @@ def write_report(
         value = last[metric].get(t.trial_id) if t.trial_id in last.index else None
         every = [chosen[0][t.trial_id]] if chosen else []
         trial_rows.append([t.trial_id, t.status, t.iterations, value, *(t.config.get(k) for k in shown),
-                           len(t.checkpoints), *every, (t.error or "")[:80]])
+                           checkpoint_count(c.name for c in t.checkpoints), *every, (t.error or "")[:80]])
     sections.append("<h2>Trials</h2>" + _table(
         ["trial", "status", "iterations", f"last {metric}", *shown, "checkpoints",
          *(["checkpoint every"] if chosen else []), "error"], trial_rows))

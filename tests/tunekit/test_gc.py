@@ -197,6 +197,10 @@ def test_gc_of_multi_worker_trials_keeps_every_train_checkpoint_a_kept_pointer_n
     _write_pointer(str(b / "checkpoint_000000"), str(t[0]), "loop", {}, None)  # b: cloned a's iteration 1
     _write_pointer(str(b / "checkpoint_000001"), str(u), "loop", {}, None)
     assert verify_experiment(str(exp)).ok
+    assert main(["status", str(exp)]) == 0
+    out = capsys.readouterr().out
+    assert "2+3 train" in out and "2+1 train" in out  # each trial's Tune checkpoints, then its Train ones
+    assert "checkpoints: 4 and 4 Ray Train checkpoints of multi-worker trials" in out
 
     assert main(["gc", str(exp), *select]) == 0
     listed = _listed(capsys.readouterr().out)
