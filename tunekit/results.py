@@ -89,7 +89,7 @@ def parse_result_lines(text: str) -> tuple[list[dict[str, Any]], int]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = loads(line)
         except ValueError:
             bad += 1
             continue
