@@ -95,12 +95,12 @@ def as_trainable_class(obj: Any, spec: str) -> type:
 
     from tunekit.function import function_trainable
 
-    if isinstance(obj, type) and issubclass(obj, tune.Trainable):
-        return obj
     if getattr(obj, "tunekit_multiworker", False):
         raise ConfigError(f"trainable {spec!r}: a multi-worker trial (tunekit.multiworker.train_trial); tunekit "
                           "check runs single-worker trainables in one process without Ray; a multi-worker trial's "
                           "resume is not checked here yet (docs/multiworker.md)")
+    if isinstance(obj, type) and issubclass(obj, tune.Trainable):
+        return obj
     if callable(obj) and not isinstance(obj, type):
         try:
             return function_trainable(obj)

@@ -180,7 +180,7 @@ def test_gc_of_multi_worker_trials_keeps_every_train_checkpoint_a_kept_pointer_n
     pointers; a Train checkpoint goes only when no kept pointer (of any trial: a PBT clone's points at its
     donor's) names it and it is not its trial's newest."""
     from tunekit import verify_experiment
-    from tunekit.multiworker.trial import _write_pointer
+    from tunekit.multiworker.trial import write_pointer
 
     exp = tmp_path / "exp"
     losses = {"a": [0.9, 0.8, 0.7], "b": [0.5, 0.95]}  # b's best is its first: the one it cloned from a
@@ -192,10 +192,10 @@ def test_gc_of_multi_worker_trials_keeps_every_train_checkpoint_a_kept_pointer_n
     a, b = exp / "loop_a", exp / "loop_b"
     t = [_train_checkpoint(a / "train" / f"checkpoint_2026-11-26_0{i}", i) for i in (1, 2, 3)]
     u = _train_checkpoint(b / "train" / "checkpoint_2026-11-26_05", 2)
-    _write_pointer(str(a / "checkpoint_000000"), str(t[0]), "loop", {}, None)  # a: iterations 1 and 2 reached
-    _write_pointer(str(a / "checkpoint_000001"), str(t[1]), "loop", {}, None)  # Tune; its workers wrote t[2]
-    _write_pointer(str(b / "checkpoint_000000"), str(t[0]), "loop", {}, None)  # b: cloned a's iteration 1
-    _write_pointer(str(b / "checkpoint_000001"), str(u), "loop", {}, None)
+    write_pointer(str(a / "checkpoint_000000"), str(t[0]), "loop", {}, None)  # a: iterations 1 and 2 reached
+    write_pointer(str(a / "checkpoint_000001"), str(t[1]), "loop", {}, None)  # Tune; its workers wrote t[2]
+    write_pointer(str(b / "checkpoint_000000"), str(t[0]), "loop", {}, None)  # b: cloned a's iteration 1
+    write_pointer(str(b / "checkpoint_000001"), str(u), "loop", {}, None)
     assert verify_experiment(str(exp)).ok
     assert main(["status", str(exp)]) == 0
     out = capsys.readouterr().out

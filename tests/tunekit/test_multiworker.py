@@ -56,14 +56,14 @@ def test_verify_names_a_tune_checkpoint_whose_train_checkpoint_is_gone(tmp_path,
     import shutil
 
     from tunekit import verify_experiment
-    from tunekit.multiworker.trial import _write_pointer, train_checkpoint_of
+    from tunekit.multiworker.trial import write_pointer, train_checkpoint_of
 
     trial = tmp_path / "exp" / "loop_abc_00000"
     (trial / "train").mkdir(parents=True)
     (trial / "params.json").write_text("{}")
     for i in (1, 2):
         target = _fake_two_rank_checkpoint(trial / "train" / f"checkpoint_2026-11-26_0{i}")
-        _write_pointer(str(trial / f"checkpoint_00000{i - 1}"), str(target), "loop", {}, None)
+        write_pointer(str(trial / f"checkpoint_00000{i - 1}"), str(target), "loop", {}, None)
     assert train_checkpoint_of(str(trial / "checkpoint_000001")) == str(target)
     assert verify_experiment(str(tmp_path / "exp")).ok
     shutil.rmtree(target)
@@ -222,6 +222,43 @@ def test_pbt_clones_a_donor_sharded_checkpoint_with_the_mutated_rate_in_effect(f
 
     check = verify_experiment(str(storage / "pbt"))  # every pointer's target there, every rank's part whole
     assert check.ok, [c for c in check.checks if c.status != "good"]
+
+
+def test_tune_decides_the_checkpoints_of_a_multi_worker_trial_each_of_the_iteration_it_saw(fresh_ray, storage,
+                                                                                             tmp_path):
+    """The loop asks for no checkpoint; Tune's ``checkpoint_frequency=2``, ``checkpoint_at_end`` and a callback's
+    ``should_checkpoint`` at iteration 3 each get a checkpoint of that very iteration from every rank (lockstep:
+    the workers wait for Tune's decision on each report), and the at-end one holds the final weights."""
+    from tunekit._manifest import read_metadata
+    from tunekit.multiworker.trial import train_checkpoint_of
+    from tunekit.storage import resolve_storage
+
+    class AtThree(tune.Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            if result["training_iteration"] == 3:
+                result["should_checkpoint"] = True
+
+    trainable = tune.with_resources(train_trial(loop, workers=2, cpus_per_worker=0.9, max_failures=0), {"cpu": 0.1})
+    grid = tune.Tuner(
+        trainable,
+        param_space={**CONFIG, "mode": "fsdp", "epochs": 5, "every": 100, "out": str(tmp_path)},
+        run_config=tune.RunConfig(name="lockstep", storage_path=str(storage), verbose=0, callbacks=[AtThree()],
+                                  checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2,
+                                                                          checkpoint_at_end=True)),
+    ).fit()
+    assert not grid.errors, grid.errors
+    result = grid[0]
+    assert result.metrics["iteration"] == 5
+    pointers = sorted(Path(result.path).glob("checkpoint_0*"))
+    targets = [train_checkpoint_of(str(p)) for p in pointers]
+    iterations = [read_metadata(resolve_storage(t))["iteration"] for t in targets]
+    assert iterations == [2, 3, 4, 5]  # each of the iteration Tune saw, none other (the loop asked for none)
+    assert [read_metadata(resolve_storage(str(p)))["iteration"] for p in pointers] == iterations
+    assert sorted(map(str, _checkpoints(result))) == sorted(targets)
+    assert all(verify_checkpoint(t).ok for t in targets)
+    at_end = _restore(Path(targets[-1]), 2, tmp_path / "at-end.pt")
+    final = _final(tmp_path, "")
+    assert at_end["iteration"] == 5 and all(torch.equal(at_end["weights"][k], final[k]) for k in final)
 
 
 def test_a_background_save_writes_the_state_of_its_copy_while_training_changes_it(tmp_path):

@@ -6,7 +6,9 @@
   (FSDP2, FSDP1, DTensor) by every rank through ``torch.distributed.checkpoint``: nobody gathers the
   model. A checkpoint verifies only when every rank's part does; restore falls back to the newest
   one that verifies on every rank, and an FSDP checkpoint reshards onto another number of workers.
-* :func:`train_trial`: a Tune function trainable running one Ray Train ``TorchTrainer`` per trial.
+* :func:`train_trial`: a Tune trainable running one Ray Train ``TorchTrainer`` per trial; Tune's
+  ``CheckpointConfig`` frequency and at-end, callbacks' ``should_checkpoint`` and schedulers' saves each get
+  a checkpoint of the iteration Tune saw (the workers wait for Tune's decision on each report).
 
 See ``docs/multiworker.md``. Tested in ``tests/tunekit/test_multiworker.py``.
 """

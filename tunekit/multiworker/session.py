@@ -27,12 +27,13 @@ from tunekit._ranks import RANKS_FILE, read_ranks
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters, changed_hyperparameters
 from tunekit.interval import SAVE_BLOCKED_KEY
+from tunekit.multiworker._lockstep import DECIDE_KEY, ENDED_KEY, LOCKSTEP_KEYS, SAVED_FOR_KEY
 from tunekit.multiworker._parts import is_sharded, load_parts, shard_stager, stage_parts, write_parts
 from tunekit.multiworker.trial import GROUP_KEY, START_KEYS
 from tunekit.state import StateBuffers, TrainingState
 from tunekit.storage import resolve_storage
 
-__all__ = ["WorkerSession"]
+__all__ = ["WorkerSession", "current_session"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,9 @@ class WorkerSession:
         state.models = {k: _unwrapped(m) for k, m in state.models.items()}
         config = dict(config or {})
         start, written_before = config.pop(START_KEYS[0], None), set(config.pop(START_KEYS[1], ()))
+        #: Lockstep (train_trial's default): the trial's decisions actor and report queue, else None.
+        self._decisions, self._queue = config.pop(LOCKSTEP_KEYS[0], None), config.pop(LOCKSTEP_KEYS[1], None)
+        self._decide: str | None = None  # the key of the decision on the last report
         self.state, self.config, self.name, self.mutable = state, config, name or "worker_loop", tuple(mutable)
         try:
             context = ray.train.get_context()
@@ -118,6 +122,7 @@ class WorkerSession:
         checkpoint = checkpoint or _as_checkpoint(start or resume_from)
         if checkpoint is not None:
             self._restore(checkpoint)
+        _CURRENT[0] = self
 
     @property
     def iteration(self) -> int:
@@ -129,13 +134,24 @@ class WorkerSession:
 
         Args:
             metrics: The iteration's metrics (rank 0's reach Tune).
-            checkpoint: Write this rank's parts of a checkpoint of this iteration and report it.
+            checkpoint: Write this rank's parts of a checkpoint of this iteration and report it. With
+                ``train_trial(lockstep=True)`` (the default) every rank then waits for Tune's decision on the
+                report, and writes a checkpoint of this iteration first if Tune asks for one.
         """
-        import ray.train
-
         self.state.counters.iteration += 1
         if self.rank == 0 and self._group is not None:
             metrics = {**metrics, GROUP_KEY: self._group}
+        if self._decisions is not None:
+            self._decide = f"{self._group or 'group'}:{self.iteration}"
+            if self.rank == 0:
+                metrics = {**metrics, DECIDE_KEY: self._decide}
+        self._send(metrics, checkpoint)
+        if self._decisions is not None:
+            self._follow_decisions(self._decide)
+
+    def _send(self, metrics: dict[str, Any], checkpoint: bool) -> None:
+        import ray.train
+
         if not checkpoint:
             ray.train.report(metrics)
             return
@@ -145,6 +161,27 @@ class WorkerSession:
         with tempfile.TemporaryDirectory(prefix="tunekit-rank-") as directory:
             self.save(directory)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+
+    def _follow_decisions(self, key: str) -> None:
+        """Lockstep: wait for Tune's decisions on the report ``key`` names: each "save" a checkpoint of this
+        iteration (rank 0's report of it names the decision it answers), until "go"."""
+        import ray
+
+        n = 0
+        while ray.get(self._decisions.wait.remote(f"{key}:{n}")) == "save":
+            self._send({SAVED_FOR_KEY: f"{key}:{n}"} if self.rank == 0 else {}, True)
+            n += 1
+
+    def end_of_loop(self) -> None:
+        """Lockstep: the worker loop has returned; rank 0 tells the trial, and every rank waits for Tune's end of
+        the trial: an at-end checkpoint of the last iteration if Tune asks for one, then the end."""
+        if self._decisions is None or self._decide is None:
+            return
+        key = f"{self._decide}:end"
+        if self.rank == 0:
+            self._queue.put(({ENDED_KEY: key}, None, None, None))
+        self._follow_decisions(key)
+        self.wait_for_write()
 
     def _report_in_background(self, metrics: dict[str, Any]) -> None:
         import ray.train
@@ -245,6 +282,16 @@ class WorkerSession:
                 f"cannot restore {path}: written by {written_by} workers, this run has {self.world_size}; its "
                 f"state is replicated with one data stream and RNG per rank, which cannot be split or merged: "
                 f"resume with {written_by} workers (sharded state, FSDP, reshards)")
+
+
+#: The session of this worker process (one per Train worker), for the end of its loop (lockstep).
+_CURRENT: list[WorkerSession | None] = [None]
+
+
+def current_session() -> WorkerSession | None:
+    """This worker's :class:`WorkerSession`, taken (None when the loop made none)."""
+    session, _CURRENT[0] = _CURRENT[0], None
+    return session
 
 
 def _save_group() -> Any:

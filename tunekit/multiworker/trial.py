@@ -1,6 +1,6 @@
 """A Tune trial that runs a Ray Train worker group: Train inside Tune, as Ray 2.51+ documents it.
 
-:func:`train_trial` wraps a ``train_loop_per_worker`` into a Tune function trainable. Each trial runs
+:func:`train_trial` wraps a ``train_loop_per_worker`` into a Tune trainable. Each trial runs
 one ``TorchTrainer`` (Ray Train V2, the default since Ray 2.51) named after the trial and stored in the
 trial's own directory (``EXP/<trial>/train/``), so a retried or resumed trial's workers find its
 checkpoints again (``ray.train.get_checkpoint()``).
@@ -10,7 +10,8 @@ Tune too: as a *pointer*, a tiny tunekit checkpoint in the trial's directory tha
 checkpoint (no rank's part is copied). Tune's view is then whole: ``Result.checkpoint``, a PBT exploit
 (the clone's workers restore the donor's Train checkpoint, every rank its part, resharded if need be, and
 the mutated hyperparameters are put in effect by :class:`~tunekit.multiworker.WorkerSession`), a paused
-or resumed trial.
+or resumed trial. Tune decides checkpoints as for single-worker trials (frequency, at end, callbacks,
+schedulers): the workers wait for its decision on each report (:mod:`tunekit.multiworker._lockstep`).
 
 Tested in ``tests/tunekit/test_multiworker.py``.
 """
@@ -18,6 +19,7 @@ Tested in ``tests/tunekit/test_multiworker.py``.
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
 import tempfile
 import threading
@@ -28,8 +30,10 @@ from ray.train import UserCallback
 
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.experiment_dir import POINTER_KEY
+from tunekit.multiworker._lockstep import (DECIDE_KEY, ENDED_KEY, LOCKSTEP_KEYS, RUN, SAVED_FOR_KEY, decide,
+                                           decisions_actor, end_run, lockstep_trainable, take, with_end_handshake)
 
-__all__ = ["GROUP_KEY", "POINTER_KEY", "START_KEYS", "train_checkpoint_of", "train_trial"]
+__all__ = ["GROUP_KEY", "POINTER_KEY", "START_KEYS", "train_checkpoint_of", "train_trial", "write_pointer"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,14 +43,12 @@ logger = logging.getLogger(__name__)
 START_KEYS = ("tunekit/start_from", "tunekit/written_before")
 #: Metrics key through which rank 0 tells the trial its worker group's placement group (never reaches Tune).
 GROUP_KEY = "tunekit/placement_group"
-#: This process's live Train run: its controller and its worker groups' placement groups.
-_LIVE: dict[str, Any] = {"controller": None, "groups": set(), "stopped": False}
 
 
 def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, workers: int = 2,
                 cpus_per_worker: float = 1.0, use_gpu: bool = False, max_failures: int = 1,
-                backend: str | None = None, storage_path: str | None = None) -> Callable[[dict[str, Any]], None]:
-    """A Tune function trainable that trains each trial with ``workers`` Ray Train workers.
+                backend: str | None = None, storage_path: str | None = None, lockstep: bool = True) -> Any:
+    """A Tune trainable that trains each trial with ``workers`` Ray Train workers.
 
     Example:
         .. code-block:: python
@@ -65,6 +67,12 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
         backend: ``torch.distributed`` backend (default: ``nccl`` with GPUs, else ``gloo``).
         storage_path: Where Train writes the trial's checkpoints (default: the trial's directory on the
             experiment's storage, local, S3 or any pyarrow filesystem).
+        lockstep: After each report the workers wait for Tune's decision on it, so that a checkpoint Tune
+            asks for (``CheckpointConfig(checkpoint_frequency=..., checkpoint_at_end=...)``, a callback's
+            ``should_checkpoint``, a scheduler's save) is one of that very iteration, written by every rank as
+            the loop's own are; the price is one round trip through Tune's driver per report. False: the
+            workers run ahead by up to one report, only the checkpoints the loop asks for are taken, and Tune
+            refuses ``checkpoint_frequency``/``checkpoint_at_end`` (a function trainable).
     """
     if not callable(train_loop_per_worker):
         raise ConfigError(f"train_trial({train_loop_per_worker!r}): expected the worker loop, a function")
@@ -72,6 +80,8 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
         raise ConfigError(f"train_trial(workers={workers!r}): must be an integer >= 1")
     if max_failures < -1:
         raise ConfigError(f"train_trial(max_failures={max_failures!r}): must be >= 0, or -1 for no limit")
+    if not isinstance(lockstep, bool):
+        raise ConfigError(f"train_trial(lockstep={lockstep!r}): expected True or False")
     name = getattr(train_loop_per_worker, "__name__", "train_trial")
 
     def trial(config: dict[str, Any]) -> None:
@@ -92,8 +102,16 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
             loop_config[START_KEYS[0]] = start
             loop_config[START_KEYS[1]] = _names(run_fs, posixpath.join(run_storage, run_name))
         queue = Queue(maxsize=1, actor_options={"num_cpus": 0})
+        worker_loop = train_loop_per_worker
+        if lockstep:
+            loop_config[LOCKSTEP_KEYS[0]] = decisions_actor()
+            loop_config[LOCKSTEP_KEYS[1]] = queue
+            worker_loop = with_end_handshake(train_loop_per_worker)
+            # reports reach the trial at Train's controller polls (every 2 s by default): each one waits for
+            # Tune's decision, so the controller (which Train hands this variable) polls every 0.1 s
+            os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.1")
         trainer = TorchTrainer(
-            train_loop_per_worker,
+            worker_loop,
             train_loop_config=loop_config,
             scaling_config=ScalingConfig(num_workers=int(config.get("workers", workers)), use_gpu=use_gpu,
                                          resources_per_worker={"CPU": float(cpus_per_worker)}),
@@ -102,14 +120,16 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
                                  failure_config=FailureConfig(max_failures=max_failures),
                                  callbacks=[_Reporter(queue)]),
         )
-        _drive(trainer, queue, name, dict(config), run_fs)
+        _drive(trainer, queue, name, dict(config), run_fs, loop_config.get(LOCKSTEP_KEYS[0]))
 
     trial.__name__ = trial.__qualname__ = name
     trial.__module__ = getattr(train_loop_per_worker, "__module__", __name__)
     trial.tunekit_multiworker = True  # type: ignore[attr-defined]  # (tunekit check says it cannot check it)
     from tunekit import _ray
 
-    return _ray.with_function_mixin(trial, _StopsTrainRun)
+    if not lockstep:
+        return _ray.with_function_mixin(trial, _StopsTrainRun)
+    return lockstep_trainable(trial, name, _StopsTrainRun)
 
 
 def train_checkpoint_of(checkpoint: Any) -> str | None:
@@ -184,8 +204,9 @@ def _stop_train_run() -> None:
 
     from tunekit import _ray
 
-    controller, groups = _LIVE["controller"], sorted(_LIVE["groups"])
-    _LIVE.update(controller=None, groups=set(), stopped=True)
+    end_run()  # a loop that has ended waits for Tune's end of the trial: it ends now, its run finishes
+    controller, groups = RUN["controller"], sorted(RUN["groups"])
+    RUN.update(controller=None, groups=set(), stopped=True)
     try:
         if controller is not None:
             ray.kill(controller)  # first: a controller would start a new worker group on a removed one's
@@ -195,8 +216,9 @@ def _stop_train_run() -> None:
         logger.warning("tunekit: could not stop the trial's Train run: %s", exc)
 
 
-def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesystem: Any) -> None:
-    """Run ``trainer`` on a thread; report what it reports to Tune (with a pointer checkpoint); its error."""
+def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesystem: Any, decisions: Any) -> None:
+    """Run ``trainer`` on a thread; report what it reports to Tune (with a pointer checkpoint); its error.
+    ``decisions``: the actor through which its workers wait for Tune's decisions (lockstep), else None."""
     from ray import tune
 
     outcome: dict[str, BaseException] = {}
@@ -209,30 +231,45 @@ def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesyst
         finally:
             queue.put(None)
 
-    _LIVE.update(controller=None, groups=set(), stopped=False)
     thread = threading.Thread(target=fit, name="tunekit-train-run", daemon=True)
+    RUN.update(controller=None, groups=set(), stopped=False, pending=None, ended=False, thread=thread, queue=queue,
+               decisions=decisions, fs=filesystem, name=name, config=config)
+    RUN["stash"].clear()
     thread.start()
-    while (item := queue.get()) is not None:
+    while (item := take()) is not None:
         metrics, path, group, controller = item
         if controller is not None:
-            _LIVE["controller"] = controller
+            RUN["controller"] = controller
         if group is not None:
-            _LIVE["groups"].add(group)
+            RUN["groups"].add(group)
+        if ENDED_KEY in metrics:  # the loop has ended; its ranks wait for an at-end save or the end (lockstep):
+            RUN.update(pending=[metrics[ENDED_KEY], 0], ended=True)  # the trial ends, its run ends with it
+            return
+        if SAVED_FOR_KEY in metrics:  # (a save Tune asked for, whose asker gave up on it: not a result)
+            continue
+        key = metrics.pop(DECIDE_KEY, None)
+        RUN["pending"] = [key, 0] if key is not None else None
+        if key is None and decisions is not None and not RUN.get("warned"):
+            RUN["warned"] = True
+            logger.warning("tunekit: %s's workers do not wait for Tune's decisions (a report without a "
+                           "WorkerSession, or one made without config=config): checkpoints Tune asks for "
+                           "(frequency, at end, callbacks, schedulers) cannot be taken", name)
         if path is None:
             tune.report(metrics)
-            continue
-        metrics["checkpoint_path"] = path  # as Ray's TuneReportCallback reports it
-        with tempfile.TemporaryDirectory(prefix="tunekit-pointer-") as pointer:
-            _write_pointer(pointer, path, name, config, filesystem)
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(pointer))
+        else:
+            metrics["checkpoint_path"] = path  # as Ray's TuneReportCallback reports it
+            with tempfile.TemporaryDirectory(prefix="tunekit-pointer-") as pointer:
+                write_pointer(pointer, path, name, config, filesystem)
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(pointer))
+        decide("go")  # Tune has moved on (it saved first if it wanted to): so do the workers
     thread.join()
-    stopped = _LIVE["stopped"]
-    _LIVE.update(controller=None, groups=set())  # the run ended: Train removed its placement groups
+    stopped = RUN["stopped"]
+    RUN.update(controller=None, groups=set())  # the run ended: Train removed its placement groups
     if "error" in outcome and not stopped:  # (a run Tune stopped ends with its controller's death)
         raise outcome["error"]
 
 
-def _write_pointer(directory: str, path: str, name: str, config: dict[str, Any], filesystem: Any) -> None:
+def write_pointer(directory: str, path: str, name: str, config: dict[str, Any], filesystem: Any) -> None:
     from tunekit._manifest import read_metadata
     from tunekit.checkpoint import write_checkpoint
     from tunekit.storage import resolve_storage
