@@ -100,7 +100,7 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: str, port: in
                 elif how == "background":  # blocked: the copy; the write (here at once) runs on another thread
                     write = stage_parts(state, where, rank=rank, world_size=world, sharded=True,
                                         metadata={"iteration": i}, buffers=buffers, process_group=group,
-                                        stager=stager)
+                                        stager=(stager := shard_stager(stager)))
                     staged = time.perf_counter() - start
                     write()
                 else:

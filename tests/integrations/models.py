@@ -97,8 +97,8 @@ def train_lightning(config: dict[str, Any]) -> None:
     model = lightning_module(config, package)
     train = torch.utils.data.DataLoader(regression_data(config.get("samples", 64), 1), batch_size=16, shuffle=True)
     val = torch.utils.data.DataLoader(regression_data(32, 2), batch_size=32)
-    trainer = pl.Trainer(max_epochs=config.get("epochs", 5), accelerator="cpu", devices=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(max_epochs=config.get("epochs", 5), accelerator=config.get("accelerator", "cpu"), devices=1,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     tk_lightning.fit(trainer, model, train_dataloaders=train, val_dataloaders=val, config=config,
                      every_n_steps=config.get("every_n_steps"))
 
@@ -131,8 +131,8 @@ def hf_trainer(config: dict[str, Any], output_dir: str) -> Any:
         lr_scheduler_type=config.get("schedule", "linear"), per_device_train_batch_size=8,
         per_device_eval_batch_size=16, eval_strategy="epoch", save_strategy="no",
         logging_strategy="steps" if "logging_steps" in config else "epoch", logging_steps=config.get("logging_steps", 500),
-        report_to="none", seed=config.get("seed", 0), use_cpu=True, disable_tqdm=True,
-        dataloader_num_workers=0,
+        report_to="none", seed=config.get("seed", 0), use_cpu=config.get("accelerator", "cpu") == "cpu",
+        disable_tqdm=True, dataloader_num_workers=0,
     )
     class Pace(transformers.TrainerCallback):
         def on_epoch_begin(self, args, state, control, **kwargs):

@@ -76,8 +76,18 @@ def _same_training_state(a, b, framework):
 
 def test_resume_in_a_fresh_actor_is_bit_exact(ray_session, framework, storage):
     """Lightning at an epoch end; the HF Trainer in the middle of an epoch (every_n_steps=4, 6 steps an epoch)."""
+    _resume_is_bit_exact(framework, storage)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_resume_on_a_gpu_in_a_fresh_actor_is_bit_exact(ray_session, framework, storage):
+    """The same on the actor's GPU (``accelerator="gpu"``, ``use_cpu=False``): the CUDA RNG stream too."""
+    _resume_is_bit_exact(framework, storage, accelerator="gpu")
+
+
+def _resume_is_bit_exact(framework, storage, **extra):
     trainable, config, _ = CASES[framework]
-    config = {**config, "every_n_steps": 4} if framework == "transformers" else config
+    config = {**config, **extra, **({"every_n_steps": 4} if framework == "transformers" else {})}
     full_results, full = run_actor(trainable, config, storage, "full", 4)
     first, half = run_actor(trainable, config, storage, "first", 2)
     second, resumed = run_actor(trainable, config, storage, "second", 2, restore_from=half)

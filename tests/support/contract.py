@@ -27,7 +27,8 @@ def make_actor(cls: type, config: dict[str, Any], storage: Path, trial: str):
     from tunekit._ray import storage_context
 
     context = storage_context(str(storage), "exp", trial)
-    return ray.remote(num_cpus=1)(cls).remote(config=config, storage=context)
+    gpus = 1 if config.get("accelerator") == "gpu" else 0  # (a test of the GPU path asks for one)
+    return ray.remote(num_cpus=1, num_gpus=gpus)(cls).remote(config=config, storage=context)
 
 
 def run_actor(cls, config, storage, trial, iterations, restore_from=None):

@@ -1,6 +1,7 @@
 """Ray Train worker loops the multi-worker tests run (importable by Train workers): a small MLP trained
-data-parallel (DDP) or fully sharded (FSDP2 ``fully_shard``) on CPU with gloo, with per-rank data streams
-and a global-RNG noise draw each step, so a resume is bit-exact only when every rank's state came back."""
+data-parallel (DDP) or fully sharded (FSDP2 ``fully_shard``) on CPU with gloo (or on the worker's GPU with
+NCCL), with per-rank data streams and a global-RNG noise draw each step (on the model's device), so a resume
+is bit-exact only when every rank's state came back."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's weights on every rank (a test's gather of a tiny model: never tunekit's way)."""
     from torch.distributed.tensor import DTensor
 
-    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()}
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().clone()
+            for k, v in model.state_dict().items()}
 
 
 def _wait_until_train_registered_a_checkpoint() -> None:
@@ -68,7 +70,8 @@ def _die_once(marker: str) -> None:
 
 
 def loop(config: dict[str, Any]) -> None:
-    """``config``: ``mode`` ("ddp" | "fsdp"), ``seed``, ``lr``, ``epochs``, ``steps``, ``out`` (where rank 0
+    """``config``: ``mode`` ("ddp" | "fsdp"), ``device`` ("cpu", the default, or "cuda": the worker's GPU),
+    ``seed``, ``lr``, ``epochs``, ``steps``, ``out`` (where rank 0
     writes ``final.pt``: the full weights at the end), ``fault``: ``{"rank", "iteration", "step" | "phase",
     "marker"}``; ``resume_from``: a checkpoint to start from; ``dump_restored``: rank 0 writes the full restored weights and iteration there, and the loop
     ends (that rank SIGKILLs itself once: mid-epoch at that step, or inside its checkpoint write at
@@ -81,14 +84,15 @@ def loop(config: dict[str, Any]) -> None:
 
     config = {**config, **config.get("case", {})}  # a grid search over cases: {"out": ..., "faults": ...}
     rank = ray.train.get_context().get_world_rank()
+    device = ray.train.torch.get_device() if config.get("device") == "cuda" else torch.device("cpu")
     seed_everything(config["seed"])
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)).to(device)
     if config["mode"] == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
         net = fully_shard(model)
     else:
-        net = ray.train.torch.prepare_model(model, move_to_device=False)
+        net = ray.train.torch.prepare_model(model, move_to_device=device.type == "cuda")
     opt = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
     seed_everything(config["seed"] * 7 + rank)  # each rank its own noise stream
     stream = Stream(config["seed"] * 10 + rank)
@@ -103,8 +107,8 @@ def loop(config: dict[str, Any]) -> None:
     while session.iteration < config["epochs"]:
         now = [f for f in faults if f["iteration"] == session.iteration + 1]
         for step in range(config["steps"]):
-            x = stream.next()
-            loss = (net(x + torch.randn(x.shape) * 0.01) - x.flip(1)).pow(2).mean()
+            x = stream.next().to(device)
+            loss = (net(x + torch.randn(x.shape, device=device) * 0.01) - x.flip(1)).pow(2).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

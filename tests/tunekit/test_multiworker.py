@@ -89,17 +89,19 @@ def test_check_and_a_session_outside_a_train_worker_say_what_is_wrong():
         WorkerSession(TrainingState(models={"m": torch.nn.Linear(2, 2)}), background="no")
 
 
-def _grid(mode: str, storage: Path, tmp_path: Path, faults: dict[str, list[dict]]) -> dict[str, tune.Result]:
+def _grid(mode: str, storage: Path, tmp_path: Path, faults: dict[str, list[dict]], workers: int = 2,
+          device: str = "cpu") -> dict[str, tune.Result]:
     """One Tune run, a trial per case, one at a time (each trial's 2 Train workers take the 2 CPUs)."""
     cases = []
     for name, kills in faults.items():
         (tmp_path / name).mkdir()
         kills = [{**kill, "marker": str(tmp_path / f"{name}-{i}.killed")} for i, kill in enumerate(kills)]
         cases.append({"name": name, "out": str(tmp_path / name), "faults": kills})
-    trainable = tune.with_resources(train_trial(loop, workers=2, cpus_per_worker=0.9, max_failures=3), {"cpu": 0.1})
+    trainable = tune.with_resources(train_trial(loop, workers=workers, cpus_per_worker=0.9, max_failures=3,
+                                                use_gpu=device == "cuda"), {"cpu": 0.1})
     grid = tune.Tuner(
         trainable,
-        param_space={**CONFIG, "mode": mode, "case": tune.grid_search(cases)},
+        param_space={**CONFIG, "mode": mode, "device": device, "case": tune.grid_search(cases)},
         tune_config=tune.TuneConfig(max_concurrent_trials=1),
         run_config=tune.RunConfig(name=mode, storage_path=str(storage), verbose=0),
     ).fit()
@@ -115,31 +117,52 @@ def _checkpoints(result: tune.Result) -> list[Path]:
     return sorted(p for p in (Path(result.path) / "train").glob("checkpoint_*") if p.is_dir())
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_killed_mid_epoch_and_inside_a_write_finishes_bit_exact(mode, fresh_ray, storage, tmp_path, capsys):
+def _killed_twice_finishes_bit_exact(mode: str, storage: Path, tmp_path: Path, workers: int = 2,
+                                     device: str = "cpu") -> tuple[dict[str, torch.Tensor], list[Path]]:
+    """The last rank dies mid-epoch in iteration 2, then inside its write of iteration 3 (its shard written,
+    its manifest not): each time Train restarts every worker from the newest registered checkpoint. The
+    final weights equal a clean trial's; every checkpoint of that trial holds every rank's part and verifies.
+    Returns the clean trial's final weights and checkpoints."""
+    last = workers - 1
     results = _grid(mode, storage, tmp_path, {
         "clean": [],
-        # rank 1 dies mid-epoch in iteration 2, then inside its write of iteration 3 (its shard written,
-        # its manifest not): each time Train restarts both workers from the newest registered checkpoint
-        "faulty": [{"rank": 1, "iteration": 2, "step": 1}, {"rank": 1, "iteration": 3, "phase": "manifest"}],
-    })
+        "faulty": [{"rank": last, "iteration": 2, "step": 1}, {"rank": last, "iteration": 3, "phase": "manifest"}],
+    }, workers=workers, device=device)
     assert sorted(p.name for p in tmp_path.glob("*.killed")) == ["faulty-0.killed", "faulty-1.killed"]
     faulty = results["faulty"].metrics
     assert faulty["iteration"] == CONFIG["epochs"]
     assert faulty["restored_from_iteration"] >= 1, faulty  # from a checkpoint, never from scratch
     clean, killed = _final(tmp_path, "clean"), _final(tmp_path, "faulty")
     assert clean.keys() == killed.keys()
-    assert all(torch.equal(clean[k], killed[k]) for k in clean), f"{mode}: final weights differ"
-    # every checkpoint the clean trial left holds every rank's part, and verifies
+    assert all(torch.equal(clean[k], killed[k]) for k in clean), f"{mode} on {device}: final weights differ"
     checkpoints = _checkpoints(results["clean"])
     assert len(checkpoints) == CONFIG["epochs"]
     for ckpt in checkpoints:
         assert verify_checkpoint(str(ckpt)).ok
-        assert sorted(p.name for p in ckpt.glob("rank-*")) == ["rank-0", "rank-1"]
+        assert sorted(p.name for p in ckpt.glob("rank-*")) == [f"rank-{r}" for r in range(workers)]
         shards = sorted(p.name for p in ckpt.glob("rank-*/*.distcp"))
-        assert shards == (["__0_0.distcp", "__1_0.distcp"] if mode == "fsdp" else [])
+        assert shards == ([f"__{r}_0.distcp" for r in range(workers)] if mode == "fsdp" else [])
+    return clean, checkpoints
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_killed_mid_epoch_and_inside_a_write_finishes_bit_exact(mode, fresh_ray, storage, tmp_path, capsys):
+    clean, checkpoints = _killed_twice_finishes_bit_exact(mode, storage, tmp_path)
     if mode == "fsdp":
         _reshards_and_falls_back(storage / mode, checkpoints, clean, tmp_path, capsys)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (NCCL)")
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_on_a_gpu_with_nccl_killed_mid_epoch_and_inside_a_write_finishes_bit_exact(mode, fresh_ray, storage,
+                                                                                    tmp_path):
+    """The same faults on one GPU worker (NCCL; one GPU holds one NCCL rank): model, optimizer and the CUDA
+    RNG stream on the device; the checkpoint then restores on 2 CPU workers (gloo), resharded, bit-equal."""
+    clean, checkpoints = _killed_twice_finishes_bit_exact(mode, storage, tmp_path, workers=1, device="cuda")
+    if mode == "fsdp":  # written on a GPU by 1 rank, restored on CPUs by 2
+        on_two = _restore(checkpoints[-1], 2, tmp_path / "on-two.pt")
+        assert on_two["iteration"] == CONFIG["epochs"]
+        assert all(torch.equal(on_two["weights"][k], clean[k]) for k in clean)
 
 
 def _train(workers: int, run: Path, **config: Any) -> Any:
@@ -261,9 +284,28 @@ def test_tune_decides_the_checkpoints_of_a_multi_worker_trial_each_of_the_iterat
     assert at_end["iteration"] == 5 and all(torch.equal(at_end["weights"][k], final[k]) for k in final)
 
 
-def test_a_background_save_writes_the_state_of_its_copy_while_training_changes_it(tmp_path):
+def _closing_after_each_stage(monkeypatch) -> None:
+    """torch 2.11's DefaultStager, which closes itself at the end of each stage (pytorch/pytorch#183413; the
+    second async_save with it raised ``KeyError: <class 'type'>`` on an H100): this torch made to do so."""
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    stage = DefaultStager._stage
+
+    def stage_then_close(self, state_dict, **kwargs):
+        try:
+            return stage(self, state_dict, **kwargs)
+        finally:
+            self._state_dict_stager.close()
+
+    monkeypatch.setattr(DefaultStager, "_stage", stage_then_close)
+
+
+@pytest.mark.parametrize("torch_stager", ["reusable", "closes after each stage (torch 2.11)"])
+def test_a_background_save_writes_the_state_of_its_copy_while_training_changes_it(tmp_path, torch_stager,
+                                                                                  monkeypatch):
     """One rank (a gloo group of one, in this process): the save's copy is taken, training changes every
-    weight and the optimizer's moments, then the write runs; the checkpoint holds the state at the copy."""
+    weight and the optimizer's moments, then the write runs; the checkpoint holds the state at the copy.
+    Three saves, each through the stager the one before left (as a WorkerSession keeps it)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
@@ -283,21 +325,26 @@ def test_a_background_save_writes_the_state_of_its_copy_while_training_changes_i
             state.models["model"](torch.randn(2, 8)).pow(2).sum().backward()
             state.optimizers["opt"].step()
 
-        state = build()
-        step(state)
-        before = {k: v.full_tensor().clone() for k, v in state.models["model"].state_dict().items()}
-        moments = state.optimizers["opt"].state_dict()["state"][0]["exp_avg"].full_tensor().clone()
-        write = stage_parts(state, str(tmp_path / "ckpt"), rank=0, world_size=1, sharded=True,
-                            metadata={"iteration": 1}, buffers=StateBuffers(), process_group=dist.new_group(backend="gloo"),
-                            stager=shard_stager())
-        step(state)  # training goes on before the write
-        assert not torch.equal(state.models["model"].state_dict()["0.weight"].full_tensor(), before["0.weight"])
-        write()
-        assert verify_checkpoint(str(tmp_path / "ckpt")).ok
-        fresh = build()
-        load_parts(fresh, str(tmp_path / "ckpt"), rank=0, world_size=1, written_by=1, sharded=True)
-        after = {k: v.full_tensor() for k, v in fresh.models["model"].state_dict().items()}
-        assert all(torch.equal(after[k], before[k]) for k in before)
-        assert torch.equal(fresh.optimizers["opt"].state_dict()["state"][0]["exp_avg"].full_tensor(), moments)
+        if torch_stager != "reusable":
+            _closing_after_each_stage(monkeypatch)
+        state, stager, group = build(), None, dist.new_group(backend="gloo")
+        for save in range(1, 4):
+            step(state)
+            before = {k: v.full_tensor().clone() for k, v in state.models["model"].state_dict().items()}
+            moments = state.optimizers["opt"].state_dict()["state"][0]["exp_avg"].full_tensor().clone()
+            kept, stager = stager, shard_stager(stager)
+            assert (stager is kept) == (save > 1 and torch_stager == "reusable")
+            write = stage_parts(state, str(tmp_path / f"ckpt{save}"), rank=0, world_size=1, sharded=True,
+                                metadata={"iteration": save}, buffers=StateBuffers(), process_group=group,
+                                stager=stager)
+            step(state)  # training goes on before the write
+            assert not torch.equal(state.models["model"].state_dict()["0.weight"].full_tensor(), before["0.weight"])
+            write()
+            assert verify_checkpoint(str(tmp_path / f"ckpt{save}")).ok
+            fresh = build()
+            load_parts(fresh, str(tmp_path / f"ckpt{save}"), rank=0, world_size=1, written_by=1, sharded=True)
+            after = {k: v.full_tensor() for k, v in fresh.models["model"].state_dict().items()}
+            assert all(torch.equal(after[k], before[k]) for k in before)
+            assert torch.equal(fresh.optimizers["opt"].state_dict()["state"][0]["exp_avg"].full_tensor(), moments)
     finally:
         dist.destroy_process_group()

@@ -130,22 +130,27 @@ def _trainer_state(trainer: Any) -> dict[str, Any]:
     return json.loads(json.dumps(content))  # plain JSON values, as in the file
 
 
-def _hf_rng(rng: dict[str, Any]) -> dict[str, Any]:
-    """tunekit's RNG capture in the Trainer's ``rng_state.pth`` form (set, read, and put back)."""
+def _hf_rng(rng: dict[str, Any], distributed: bool = False) -> dict[str, Any]:
+    """tunekit's RNG capture in the Trainer's ``rng_state.pth`` form (set, read, and put back).
+
+    The CUDA part as the Trainer writes and reads it: every device's state in a distributed run, else the
+    current device's alone (a list there made its ``set_rng_state`` fail, logged, and the run went on with
+    another dropout stream: a GPU resume that was not bit-exact, seen on an H100)."""
     mine = capture_rng()
     try:
         restore_rng(rng)
         out: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
                                "cpu": torch.random.get_rng_state()}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            out["cuda"] = torch.cuda.random.get_rng_state_all()
+            cuda = torch.cuda.random
+            out["cuda"] = cuda.get_rng_state_all() if distributed else cuda.get_rng_state()
         return out
     finally:
         restore_rng(mine)
 
 
 def _write_trainer_checkpoint(contents: Mapping[str, Any], weights: Mapping[str, Any], rng: dict[str, Any] | None,
-                              directory: str) -> str:
+                              directory: str, distributed: bool = False) -> str:
     os.makedirs(directory, exist_ok=True)
     torch.save(dict(weights), os.path.join(directory, "pytorch_model.bin"))
     torch.save(contents["optimizer"], os.path.join(directory, "optimizer.pt"))
@@ -156,7 +161,7 @@ def _write_trainer_checkpoint(contents: Mapping[str, Any], weights: Mapping[str,
     with open(os.path.join(directory, "trainer_state.json"), "w") as fh:
         json.dump(contents["trainer_state"], fh, indent=2, sort_keys=True)
     if rng is not None:
-        torch.save(_hf_rng(rng), os.path.join(directory, "rng_state.pth"))
+        torch.save(_hf_rng(rng, distributed), os.path.join(directory, "rng_state.pth"))
     return directory
 
 
@@ -306,8 +311,9 @@ def train(
     resume_dir = running = None
     if state.restored is not None:  # Tune's checkpoint or a "continue" warm start: the Trainer restores it
         running = state.restored.get("running")
+        distributed = getattr(trainer.args.parallel_mode, "value", None) == "distributed"  # as it saves RNG
         resume_dir = _write_trainer_checkpoint(state.restored, trainer.model.state_dict(), state.pending_rng,
-                                               tempfile.mkdtemp(prefix="tunekit-hf-"))
+                                               tempfile.mkdtemp(prefix="tunekit-hf-"), distributed)
         state.restored = state.pending_rng = None
     callback = _callback_class(transformers)(reporter, state, trainer, resume_dir, running)
     trainer.add_callback(callback)

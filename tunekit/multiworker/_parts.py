@@ -69,13 +69,26 @@ def _replicated_rest(state: TrainingState) -> dict[str, Any]:
                    "counters": dataclasses.asdict(state.counters), "extras": dict(state.extras)})
 
 
-def shard_stager() -> Any:
+def shard_stager(kept: Any = None) -> Any:
     """DCP's stager for ``async_save``, kept from save to save: it copies the shard into CPU buffers it keeps
     (the default stager is made anew for each save, its buffers too: 0.6 s for 450 MB a rank, measured);
-    pinned and non-blocking only where a GPU is. One write in flight at a time (the buffers are reused)."""
-    import torch
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    pinned and non-blocking only where a GPU is. One write in flight at a time (the buffers are reused).
 
+    ``kept``: the stager of the previous save, returned if it can stage again, else a new one is. torch 2.11
+    closes a ``DefaultStager`` at the end of each stage (pytorch/pytorch#183413: the next ``async_save``
+    with it raised ``KeyError: <class 'type'>``, seen on a GPU); a stage of a one-key dict tells."""
+    import torch
+
+    try:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    except ImportError:  # a torch without DCP's DefaultStager: async_save stages by itself, each save anew
+        return None
+    if kept is not None:
+        try:
+            kept.stage({"probe": int})
+            return kept
+        except Exception:  # closed: its buffers are gone with it
+            pass
     gpu = torch.cuda.is_available()
     return DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False, use_async_staging=False,
                                         use_non_blocking_copy=gpu))

@@ -183,6 +183,11 @@ class WorkerSession:
         self._follow_decisions(key)
         self.wait_for_write()
 
+    def _next_stager(self) -> Any:
+        if self._stager is not None:
+            self._stager = shard_stager(self._stager)  # the same one, unless this torch closed it
+        return self._stager
+
     def _report_in_background(self, metrics: dict[str, Any]) -> None:
         import ray.train
         from ray.train import CheckpointUploadMode
@@ -194,7 +199,7 @@ class WorkerSession:
         directory = tempfile.mkdtemp(prefix="tunekit-rank-")
         write = stage_parts(self.state, directory, rank=self.rank, world_size=self.world_size, sharded=self.sharded,
                             metadata=self._metadata(), buffers=self._buffers, process_group=self._save_group,
-                            stager=self._stager)
+                            stager=self._next_stager())
         blocked = time.perf_counter() - began
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
 
