@@ -22,6 +22,7 @@ from tunekit._manifest import MANIFEST_FILE, METADATA_FILE
 from tunekit._snapshot_model import CheckpointSummary, ranked
 from tunekit.callbacks.record import TunekitCallback, repair_final_checkpoints
 from tunekit.errors import ConfigError
+from tunekit.experiment_dir import TRAIN_DIR
 from tunekit.retention import Policy, newest_first, selected
 from tunekit.storage import directory_bytes
 from tunekit.table import format_bytes
@@ -49,6 +50,10 @@ class KeepCheckpoints(TunekitCallback):
     * a checkpoint a scheduler may still restore: a paused trial's (PBT,
       HyperBand), the donors PBT's next exploit may pick;
     * a checkpoint being written, and the complete one before it.
+
+    A multi-worker trial's (``tunekit.multiworker.train_trial``) Tune checkpoints point at its Ray Train
+    checkpoints: when the policy deletes one, the Train checkpoint it named goes with it unless a Tune
+    checkpoint still kept names it (a PBT clone's may name its donor's).
 
     ``max_bytes``: when the experiment's checkpoints exceed it, the
     lowest-ranked of those not needed as above go first, even selected ones
@@ -96,6 +101,10 @@ class KeepCheckpoints(TunekitCallback):
         #: (trial order, position, trial id, checkpoint): the settled trials' best for experiment_best.
         self._settled_top: list[tuple[int, int, str, CheckpointSummary]] = []
         self._open: dict[str, Trial] = {}
+        #: A multi-worker trial's Tune checkpoint (a pointer) -> the Train checkpoint it names; and by trainable
+        #: name, whether its trials are multi-worker.
+        self._targets: dict[str, str] = {}
+        self._multi: dict[str, bool] = {}
         #: Trials Tune has queued, not started, with nothing registered: walked once they start.
         self._waiting: dict[str, Trial] = {}
         self._known = 0
@@ -142,6 +151,8 @@ class KeepCheckpoints(TunekitCallback):
                     posixpath.basename(ckpt.path.rstrip("/")), ckpt.path,
                     iteration if isinstance(iteration, int) else None, metrics))
                 where[ckpt.path] = (trial, ckpt)
+                if ckpt.path not in self._targets and self._multi_worker(trial) and self._complete(ckpt):
+                    self._targets[ckpt.path] = _train_target(ckpt)
         # The selections count only complete checkpoints: one being written, or whose write died, never makes
         # a whole one expendable (it is kept while newer than the newest whole one: ``_needed``). A settled
         # trial's best compete for ``experiment_best`` under a key no trial has, in the trials' order.
@@ -286,6 +297,23 @@ class KeepCheckpoints(TunekitCallback):
             self._pending.append(self._deleter().submit(_delete_dir, checkpoint.filesystem, path))
         for trial, paths in by_trial.items():
             _ray.forget_checkpoints(trial, paths)
+        # A Train checkpoint a deleted pointer named, that no pointer left names (the trial's newest is named
+        # by its newest pointer, kept): only within the experiment (``train_trial(storage_path=...)``: not ours)
+        named = [(path, self._targets.pop(path, None)) for path in dict.fromkeys(doomed)]
+        live = set(self._targets.values())
+        for path, target in named:
+            if target and target not in live and _in_experiment(target, path):
+                live.add(target)  # (once)
+                self._pending.append(self._deleter().submit(_delete_dir, where[path][1].filesystem, target))
+
+    def _multi_worker(self, trial: Trial) -> bool:
+        if trial.trainable_name not in self._multi:
+            try:
+                cls = trial.get_trainable_cls()
+            except Exception:  # noqa: BLE001 - not registered in this process: not one of train_trial's
+                cls = None
+            self._multi[trial.trainable_name] = bool(getattr(cls, "tunekit_multiworker", False))
+        return self._multi[trial.trainable_name]
 
     def _deleter(self) -> ThreadPoolExecutor:
         if self._executor is None:
@@ -312,6 +340,21 @@ class KeepCheckpoints(TunekitCallback):
         super().setup(**info)
         self._forget_settled()  # afresh
         self._order = {}
+
+
+def _train_target(checkpoint: Any) -> str:
+    """The Train checkpoint a multi-worker trial's Tune checkpoint names ("" when it names none)."""
+    from tunekit.multiworker.trial import train_checkpoint_of
+
+    return train_checkpoint_of(checkpoint) or ""
+
+
+def _in_experiment(target: str, pointer: str) -> bool:
+    """Whether ``target`` is a Train checkpoint of a trial of the experiment ``pointer`` is in:
+    ``EXP/<trial>/train/<checkpoint>`` beside ``EXP/<trial>/<pointer>``."""
+    train = posixpath.dirname(target.rstrip("/"))
+    experiment = posixpath.dirname(posixpath.dirname(pointer.rstrip("/")))
+    return posixpath.basename(train) == TRAIN_DIR and posixpath.dirname(posixpath.dirname(train)) == experiment
 
 
 def _delete_dir(fs: pafs.FileSystem, path: str) -> None:

@@ -69,8 +69,13 @@ def fresh_ray() -> Iterator[object]:
         os.chdir(cwd)
     yield info
     ray.shutdown()
-    if was_running:
-        _init_ray()
+    if was_running:  # from the repository root too: the shared Ray's workers import tests.* as well
+        cwd = os.getcwd()
+        os.chdir(Path(__file__).resolve().parent.parent)
+        try:
+            _init_ray()
+        finally:
+            os.chdir(cwd)
 
 
 @pytest.fixture

@@ -124,8 +124,11 @@ def hf_trainer(config: dict[str, Any], output_dir: str) -> Any:
     import transformers
 
     transformers.set_seed(config.get("seed", 0))
+    # On a GPU, eager attention: SDPA's memory-efficient backward is nondeterministic there (two clean runs
+    # would differ), and the test is of what tunekit restores, not of the kernels.
+    eager = {"attn_implementation": "eager"} if config.get("accelerator") == "gpu" else {}
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=2))
+        vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=2, **eager))
     args = transformers.TrainingArguments(
         output_dir=output_dir, num_train_epochs=config.get("epochs", 5), learning_rate=config["learning_rate"],
         lr_scheduler_type=config.get("schedule", "linear"), per_device_train_batch_size=8,

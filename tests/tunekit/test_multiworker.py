@@ -209,8 +209,12 @@ def _reshards_and_falls_back(experiment: Path, checkpoints: list[Path], final: d
 
 def test_pbt_clones_a_donor_sharded_checkpoint_with_the_mutated_rate_in_effect(fresh_ray, storage):
     """Two FSDP2 trials of two workers each (both fit the 2 CPUs); synchronous PBT at iteration 2: the
-    trial with the lower rate clones the other's sharded checkpoint and trains on at a perturbed rate."""
+    trial with the lower rate clones the other's sharded checkpoint and trains on at a perturbed rate.
+    ``KeepCheckpoints(trial_latest=1)``: the Train checkpoints of the deleted Tune checkpoints go too, the
+    donor's while the clone still restores from it excepted."""
     from ray.tune.schedulers import PopulationBasedTraining
+
+    from tunekit.callbacks import KeepCheckpoints
 
     pbt = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=2, quantile_fraction=0.5,
                                   resample_probability=0.0, synch=True,
@@ -220,7 +224,8 @@ def test_pbt_clones_a_donor_sharded_checkpoint_with_the_mutated_rate_in_effect(f
         trainable,
         param_space={**CONFIG, "mode": "fsdp", "epochs": 3, "lr": tune.grid_search([0.01, 0.05])},
         tune_config=tune.TuneConfig(metric="lr_in_effect", mode="max", scheduler=pbt),
-        run_config=tune.RunConfig(name="pbt", storage_path=str(storage), verbose=0),
+        run_config=tune.RunConfig(name="pbt", storage_path=str(storage), verbose=0,
+                                  callbacks=[KeepCheckpoints(trial_latest=1)]),
     ).fit()
     assert not grid.errors, grid.errors
     clone, donor = sorted(grid, key=lambda r: r.metrics["trial_id"])  # the trial at 0.01 clones the one at 0.05
@@ -241,6 +246,9 @@ def test_pbt_clones_a_donor_sharded_checkpoint_with_the_mutated_rate_in_effect(f
         target = train_checkpoint_of(result.checkpoint)
         assert target is not None and target.startswith(str(Path(result.path) / "train"))
         assert verify_checkpoint(target).ok
+        # one Tune checkpoint kept, and of the Train checkpoints (one an iteration), the one it names
+        assert len(list(Path(result.path).glob("checkpoint_0*"))) == 1
+        assert [str(p) for p in _checkpoints(result)] == [target], ([p.name for p in _checkpoints(result)], target, result.path)
     from tunekit import verify_experiment
 
     check = verify_experiment(str(storage / "pbt"))  # every pointer's target there, every rank's part whole

@@ -101,6 +101,33 @@ def test_private_callable_exists_with_the_signature_relied_on(name, params):
     assert in_order == params, f"Ray changed: {name} takes {got}, tunekit relies on {params}"
 
 
+def test_train_run_snapshot_is_what_a_stale_one_is_told_by(tmp_path):
+    """Ray Train V2's run snapshot file and the key its entries name checkpoints by; a snapshot naming a
+    checkpoint gone from storage is set aside (Train would refuse to start the run again), else left."""
+    import json
+
+    import pyarrow.fs as pafs
+    from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME as name
+    from ray.train.v2._internal.execution.checkpoint import checkpoint_manager
+
+    from tunekit._ray import set_aside_stale_train_snapshot
+
+    assert name == "checkpoint_manager_snapshot.json", f"Ray changed: the Train run snapshot is {name}"
+    assert "checkpoint_dir_name" in checkpoint_manager._TrainingResultState.__annotations__, "Ray changed"
+    assert hasattr(checkpoint_manager.CheckpointManager, "_assert_checkpoints_exist"), "Ray changed"
+    entry = {"version": 0, "checkpoint_dir_name": "checkpoint_a", "metrics": {}}
+    (tmp_path / name).write_text(json.dumps({"checkpoint_results": [entry, {**entry, "checkpoint_dir_name": "checkpoint_b"}],
+                                             "latest_checkpoint_result": entry}))
+    (tmp_path / "checkpoint_a").mkdir()
+    (tmp_path / "checkpoint_b").mkdir()
+    fs = pafs.LocalFileSystem()
+    assert set_aside_stale_train_snapshot(fs, str(tmp_path)) == [] and (tmp_path / name).exists()
+    (tmp_path / "checkpoint_a").rmdir()
+    assert set_aside_stale_train_snapshot(fs, str(tmp_path)) == ["checkpoint_a"]
+    assert not (tmp_path / name).exists() and len(list(tmp_path.glob(f"{name}.stale-*"))) == 1
+    assert set_aside_stale_train_snapshot(fs, str(tmp_path / "nothing-here")) == []
+
+
 def test_an_actor_handle_knows_its_methods(ray_session):
     """supports_clone asks a trial's worker handle whether its class has ``tunekit_clone``."""
     import ray

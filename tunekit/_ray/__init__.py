@@ -42,7 +42,8 @@ Private names, by owner:
 * The checkpoint manager's ``_checkpoint_results`` and
   ``_latest_checkpoint_result``, PBT's ``_trial_state[trial].last_checkpoint``
   and the ``TuneController``'s ``_scheduler_alg``: what the retention policy
-  reads and trims (:mod:`tunekit._ray.retention`).
+  reads and trims, and Ray Train V2's run snapshot, set aside when it names a
+  deleted checkpoint (:mod:`tunekit._ray.retention`).
 * Loggers whose exact messages the quickstart filters (see
   :func:`quiet_ray_notices`).
 * The ``colorama`` Ray vendors (``ray/thirdparty_files``): its ``init()``
@@ -85,6 +86,7 @@ from tunekit._ray.retention import (
     registered_checkpoints,
     replace_checkpoint,
     scheduler_checkpoints,
+    set_aside_stale_train_snapshot,
 )
 
 __all__ = [
@@ -123,6 +125,7 @@ __all__ = [
     "scheduler_checkpoints",
     "session_report",
     "session_trial_storage",
+    "set_aside_stale_train_snapshot",
     "set_iteration",
     "set_restored",
     "storage_context",

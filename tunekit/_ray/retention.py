@@ -6,7 +6,9 @@ manager's ``_checkpoint_results`` and ``_latest_checkpoint_result``;
 ``PopulationBasedTraining._trial_state[trial].last_checkpoint`` (the donor
 checkpoint an exploit may pick); the ``TuneController`` attribute
 ``_scheduler_alg``, found from the frame that calls ``Callback.setup`` (no
-public API hands a callback the scheduler).
+public API hands a callback the scheduler). Ray Train V2's run snapshot
+(``CHECKPOINT_MANAGER_SNAPSHOT_FILENAME``, whose entries name checkpoints by
+``checkpoint_dir_name``): a run started again refuses to start when one is gone.
 
 Tested in ``tests/tunekit/test_ray_contract.py`` and ``tests/callbacks/test_retention.py``.
 """
@@ -17,7 +19,7 @@ import sys
 from typing import Any
 
 __all__ = ["calling_scheduler", "forget_checkpoints", "registered_checkpoints", "replace_checkpoint",
-           "scheduler_checkpoints"]
+           "scheduler_checkpoints", "set_aside_stale_train_snapshot"]
 
 
 def registered_checkpoints(trial: Any) -> list[tuple[Any, dict[str, Any]]]:
@@ -85,3 +87,49 @@ def scheduler_checkpoints(scheduler: Any) -> set[str]:
         if isinstance(path, str):
             out.add(path)
     return out
+
+
+def set_aside_stale_train_snapshot(filesystem: Any, run_dir: str) -> list[str]:
+    """Before a Train run in ``run_dir`` starts again: if its snapshot names checkpoints gone from storage,
+    move the snapshot aside (``<name>.stale-<time>``) and return their names (else nothing is done).
+
+    Ray Train V2 resumes a run of the same name from its snapshot, and refuses to start when a checkpoint
+    named there was deleted (``CheckpointManagerInitializationError``): what ``KeepCheckpoints`` and
+    ``tunekit gc`` do to Train checkpoints no Tune checkpoint names. Without the snapshot Train starts a
+    new run in the same directory (the checkpoints stay; the trial's workers restore from the one Tune
+    hands the trial).
+    """
+    import json
+    import posixpath
+    import time
+
+    try:
+        from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME as name
+    except ImportError:
+        name = "checkpoint_manager_snapshot.json"
+    path = posixpath.join(run_dir, name)
+    try:
+        with filesystem.open_input_stream(path) as fh:
+            text = fh.read().decode("utf-8", "replace")
+    except (FileNotFoundError, OSError):
+        return []
+    try:
+        named = {v for v in _values_of("checkpoint_dir_name", json.loads(text)) if isinstance(v, str)}
+    except ValueError:
+        return []  # (not JSON: not Ray's, left alone)
+    import pyarrow.fs as pafs
+
+    present = {posixpath.basename(i.path) for i in filesystem.get_file_info(pafs.FileSelector(run_dir))}
+    gone = sorted(n for n in named if n not in present)
+    if gone:
+        filesystem.move(path, f"{path}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+    return gone
+
+
+def _values_of(key: str, obj: Any) -> list[Any]:
+    """Every value of ``key`` in nested JSON."""
+    if isinstance(obj, dict):
+        return [v for k, v in obj.items() if k == key] + [x for v in obj.values() for x in _values_of(key, v)]
+    if isinstance(obj, list):
+        return [x for v in obj for x in _values_of(key, v)]
+    return []

@@ -96,6 +96,7 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
         run_name, run_storage, run_fs = "train", trial_path, filesystem
         if storage_path:
             run_name, run_storage, run_fs = f"train-{tune.get_context().get_trial_id()}", storage_path, None
+        _set_aside_stale_snapshot(run_fs, posixpath.join(run_storage, run_name))
         loop_config = dict(config)
         start = train_checkpoint_of(tune.get_checkpoint())
         if start is not None:  # the state Tune resumes the trial at (or a PBT donor's), not what Train has newest
@@ -150,6 +151,19 @@ def train_checkpoint_of(checkpoint: Any) -> str | None:
         return None
 
 
+def _set_aside_stale_snapshot(filesystem: Any, run_dir: str) -> None:
+    """Train refuses to start its run again when a checkpoint its snapshot names was deleted (KeepCheckpoints,
+    ``tunekit gc``): the snapshot is set aside, and the workers restore from the checkpoint Tune hands over."""
+    from tunekit import _ray
+    from tunekit.storage import resolve_storage
+
+    where = resolve_storage(run_dir, filesystem=filesystem)
+    gone = _ray.set_aside_stale_train_snapshot(where.filesystem, where.path)
+    if gone:
+        logger.info("tunekit: %s: Ray Train's run snapshot names %d deleted checkpoint(s) (%s): set aside, so "
+                    "that the run starts again from the checkpoint Tune restores", run_dir, len(gone), gone[0])
+
+
 def _names(filesystem: Any, run_dir: str) -> list[str]:
     """The checkpoint directories a Train run has written so far (none: an empty list)."""
     import pyarrow.fs as pafs
@@ -189,6 +203,9 @@ class _StopsTrainRun:
     groups' placement groups removed. Ray Train removes them itself only when its controller ends, or,
     when the controller dies, through a watcher that needs Ray's State API (a Ray without its dashboard
     has none): the stopped trial's CPUs would stay held for good."""
+
+    #: What KeepCheckpoints and ``tunekit check`` tell a multi-worker trial's class by.
+    tunekit_multiworker = True
 
     def cleanup(self) -> None:
         _stop_train_run()
