@@ -229,13 +229,18 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
 
     cls = as_trainable_class(import_trainable(spec["trainable"]), spec["trainable"])
     work, name = spec["work"], spec["name"]
+    multi = getattr(cls, "tunekit_multiworker", False)
+    if multi:  # its Train workers are Ray actors: a Ray of this leg's own, as large as the trial needs
+        _start_ray(cls, spec["config"])
     storage = _ray.offline_storage(os.path.join(work, "storage"), name)
-    baseline = _baseline(_ray.offline_storage(os.path.join(work, "storage"), f"{name}-baseline"))
+    baseline = set() if multi else _baseline(_ray.offline_storage(os.path.join(work, "storage"), f"{name}-baseline"))
     trainable = cls(config=dict(spec["config"]), storage=storage)
     points: dict[str, dict[str, tuple[str, str, Any]]] = {}
     rngs: dict[str, dict[str, str]] = {}
 
     def snap(point: str) -> None:
+        if multi:  # what this process holds is the trial's driver, not its workers' state
+            return
         roots = _user_roots(trainable, baseline)
         points[point] = fingerprints(roots, _state_ids([trainable, *roots.values()]))
         rngs[point] = rng_streams()
@@ -262,6 +267,18 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
         tensors[point] = {path: t for path, (_, _, t) in found.items() if t is not None}
         torch.save(tensors[point], os.path.join(work, f"{name}-{point}.pt"))
     return {"metrics": metrics, "checkpoint": saved.checkpoint.path, "points": out_points, "rngs": rngs}
+
+
+def _start_ray(cls: Any, config: dict[str, Any]) -> None:
+    """A local Ray with the CPUs (logical) and GPUs a multi-worker trial's Train run asks for."""
+    import math
+
+    import ray
+
+    need = getattr(cls, "tunekit_resources", {})
+    workers = int(config.get("workers", need.get("workers", 2)))
+    cpus = math.ceil(workers * float(need.get("cpus_per_worker", 1.0))) + 1
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
 
 
 def _plain(value: Any) -> bool:

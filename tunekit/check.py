@@ -20,13 +20,17 @@ position) are compared (metrics that measure time, such as ``*_runtime`` or
 The trainable: a :class:`tunekit.TorchTrainable` subclass, a class made by
 :func:`tunekit.function_trainable`, or a training function using
 :class:`tunekit.FunctionSession` (Lightning and the Hugging Face ``Trainer``
-through tunekit's integrations included), as ``module:attr``.
+through tunekit's integrations included), as ``module:attr``. A multi-worker
+trial (:func:`tunekit.multiworker.train_trial`): each run starts a local Ray of
+its own for its Train workers, and the saved states compared are every rank's
+part and the bytes of every rank's shard.
 
 Tested in ``tests/tunekit/test_check.py``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -95,10 +99,10 @@ def as_trainable_class(obj: Any, spec: str) -> type:
 
     from tunekit.function import function_trainable
 
-    if getattr(obj, "tunekit_multiworker", False):
-        raise ConfigError(f"trainable {spec!r}: a multi-worker trial (tunekit.multiworker.train_trial); tunekit "
-                          "check runs single-worker trainables in one process without Ray; a multi-worker trial's "
-                          "resume is not checked here yet (docs/multiworker.md)")
+    if getattr(obj, "tunekit_multiworker", False) and not isinstance(obj, type):
+        raise ConfigError(f"trainable {spec!r}: a multi-worker trial made with train_trial(lockstep=False), whose "
+                          "workers run ahead of Tune; tunekit check runs those made with lockstep=True (the "
+                          "default) (docs/multiworker.md)")
     if isinstance(obj, type) and issubclass(obj, tune.Trainable):
         return obj
     if callable(obj) and not isinstance(obj, type):
@@ -285,13 +289,22 @@ def _saved(checkpoint: str) -> dict[str, Any]:
     """Every tensor and plain value of a final checkpoint, flattened (``weights_only`` loads, nothing unpickled)."""
     import torch
 
-    from tunekit._manifest import STATE_FILE
+    from tunekit._manifest import STATE_FILE, read_metadata
     from tunekit.checkpoint import read_state
+    from tunekit.experiment_dir import POINTER_KEY
 
     flat: list[tuple[str, Any]] = []
-    if os.path.isfile(os.path.join(checkpoint, STATE_FILE)):
-        state = read_state(checkpoint)
-        flatten(state, "", flat)
+    whole = os.path.isfile(os.path.join(checkpoint, STATE_FILE))
+    target = read_metadata(checkpoint).get(POINTER_KEY) if whole else None
+    if isinstance(target, str):  # a multi-worker trial's: its Train checkpoint, every rank's part and shard
+        flatten(read_state(target), "", flat)
+        for rank in sorted(Path(target).glob("rank-*")):
+            flatten(read_state(str(rank)), rank.name, flat)
+            for shard in sorted(rank.glob("*.distcp")):  # (the shard's bytes: equal state, equal bytes)
+                with open(shard, "rb") as fh:
+                    flat.append((f"{rank.name}/{shard.name}", hashlib.file_digest(fh, "sha256").hexdigest()))
+    elif whole:
+        flatten(read_state(checkpoint), "", flat)
     else:  # a framework's own checkpoint (Lightning, Transformers): each file torch can load safely
         for path in sorted(Path(checkpoint).rglob("*")):
             if path.is_file():
@@ -319,6 +332,9 @@ def _diagnose(work: str, a: dict[str, Any], c2: dict[str, Any], at: int) -> list
     """What the trainable holds outside its saved state that differs between run A and the resumed run."""
     import torch
 
+    if "next" not in a["points"]:  # a multi-worker trial: its state lives in its Train workers
+        return ["a multi-worker trial: what its workers hold outside the saved state is not searched; check that "
+                "each rank's data position and random streams are in the state its WorkerSession saves"]
     found: list[str] = []
     after = {name: (kind, digest) for name, (kind, digest) in a["points"].get("next", {}).items()}
     resumed = {name: (kind, digest) for name, (kind, digest) in c2["points"].get("next", {}).items()}
@@ -358,7 +374,8 @@ def add_parser(sub: Any, whole: Any) -> None:
     """The ``check`` subcommand of ``tunekit`` (``whole(low)``: the CLI's parser of whole numbers >= low)."""
     check = sub.add_parser(
         "check", help="prove that a trainable resumes bit-exactly, or name what breaks it",
-        description="Run TRAINABLE three times without Ray, each in a new process: N iterations (A), again (B), "
+        description="Run TRAINABLE three times without Ray (a multi-worker trial: with a local Ray of its own), "
+        "each in a new process: N iterations (A), again (B), "
         "and K iterations, save, restore in a new process, N-K more (C). Compare the metrics of every iteration "
         "and the final saved states. Exit 0 PASS, 1 a difference (named, with its cause where one is found), "
         "2 bad input.")

@@ -13,9 +13,10 @@ import torch
 from torch import nn
 
 from tunekit import TrainingState
+from tunekit.multiworker import train_trial
 from tunekit.rng import seed_everything
 
-__all__ = ["Stream", "full_model_state", "loop"]
+__all__ = ["Stream", "checked", "full_model_state", "loop"]
 
 
 class Stream:
@@ -96,7 +97,9 @@ def loop(config: dict[str, Any]) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
     seed_everything(config["seed"] * 7 + rank)  # each rank its own noise stream
     stream = Stream(config["seed"] * 10 + rank)
-    state = TrainingState(models={"model": model}, optimizers={"opt": opt}, data=stream)
+    # (``stream_in_state: False``: the data position left out of the state, a resume that is not bit-exact)
+    state = TrainingState(models={"model": model}, optimizers={"opt": opt},
+                          data=stream if config.get("stream_in_state", True) else None)
     session = WorkerSession(state, config=config, resume_from=config.get("resume_from"))
     if config.get("dump_restored"):  # a resharding test: the whole restored state, then stop
         full = full_model_state(model)
@@ -119,9 +122,10 @@ def loop(config: dict[str, Any]) -> None:
         for fault in now:  # (the write may run on after report returns: the marker makes it die once)
             if "phase" in fault:
                 tk_checkpoint._on_write_phase = lambda phase, f=fault: phase == f["phase"] and _die_once(f["marker"])
+        restored = {"restored_from_iteration": _restored_iteration(session), "restored_from": session.restored_from or ""}
         session.report({"loss": float(loss.detach()), "iteration": session.iteration + 1,
-                        "restored_from_iteration": _restored_iteration(session),
-                        "lr_in_effect": opt.param_groups[0]["lr"], "restored_from": session.restored_from or ""},
+                        "lr_in_effect": opt.param_groups[0]["lr"],
+                        **(restored if config.get("report_restored", True) else {})},
                        checkpoint=(session.iteration + 1) % config.get("every", 1) == 0)
     full = full_model_state(model)
     if rank == 0 and config.get("out"):
@@ -130,3 +134,7 @@ def loop(config: dict[str, Any]) -> None:
 
 def _restored_iteration(session: Any) -> int:
     return -1 if session.restored_from is None else int(session.restored_iteration)
+
+
+#: The loop as a Tune trainable of 2 workers on half a CPU each, for ``tunekit check``.
+checked = train_trial(loop, workers=2, cpus_per_worker=0.5)

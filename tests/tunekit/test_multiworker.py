@@ -81,12 +81,22 @@ def test_check_and_a_session_outside_a_train_worker_say_what_is_wrong():
     from tunekit.errors import ConfigError
     from tunekit.multiworker import WorkerSession
 
-    with pytest.raises(ConfigError, match="'m:trial': a multi-worker trial .* not checked here yet"):
-        as_trainable_class(train_trial(loop), "m:trial")
+    with pytest.raises(ConfigError, match=r"'m:trial': a multi-worker trial made with train_trial\(lockstep=False\)"):
+        as_trainable_class(train_trial(loop, lockstep=False), "m:trial")
     with pytest.raises(ConfigError, match=r"WorkerSession\(\): not inside a Ray Train worker"):
         WorkerSession(TrainingState(models={"m": torch.nn.Linear(2, 2)}))
     with pytest.raises(ConfigError, match=r"WorkerSession\(background='no'\): expected True or False"):
         WorkerSession(TrainingState(models={"m": torch.nn.Linear(2, 2)}), background="no")
+
+
+def test_check_resumes_a_multi_worker_trial_in_a_new_process_bit_exactly(capsys):
+    """``tunekit check`` on a 2-worker FSDP2 trial: each run a Ray of its own; run C saves after 2 iterations
+    and a new process restores every rank's part and shard; metrics and every rank's saved part and shard
+    bytes equal the uninterrupted run's. (Left out of the state, a rank's data position makes it FAIL: a
+    difference in the loss after the resume; run by hand, 64 s.)"""
+    config = {**CONFIG, "mode": "fsdp", "steps": 2, "every": 100, "report_restored": False}
+    assert main(["check", "tests.tunekit.multiworker_loops:checked", "--config", json.dumps(config)]) == 0
+    assert capsys.readouterr().out.startswith("PASS tests.tunekit.multiworker_loops:checked: 4 iterations")
 
 
 def _grid(mode: str, storage: Path, tmp_path: Path, faults: dict[str, list[dict]], workers: int = 2,

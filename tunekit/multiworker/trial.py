@@ -130,7 +130,9 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
 
     if not lockstep:
         return _ray.with_function_mixin(trial, _StopsTrainRun)
-    return lockstep_trainable(trial, name, _StopsTrainRun)
+    cls = lockstep_trainable(trial, name, _StopsTrainRun)
+    cls.tunekit_resources = {"workers": workers, "cpus_per_worker": cpus_per_worker, "use_gpu": use_gpu}
+    return cls
 
 
 def train_checkpoint_of(checkpoint: Any) -> str | None:
