@@ -55,7 +55,8 @@ class KeepCheckpoints(TunekitCallback):
     checkpoints: when the policy deletes one, the Train checkpoint it named goes with it unless a Tune
     checkpoint still kept names it (a PBT clone's may name its donor's).
 
-    ``max_bytes``: when the experiment's checkpoints exceed it, the
+    ``max_bytes``: when the experiment's checkpoints (a multi-worker trial's Train checkpoints included,
+    each once) exceed it, the
     lowest-ranked of those not needed as above go first, even selected ones
     (oldest first without a ``metric``); when none can go, one warning with
     the numbers, and training goes on. It composes with
@@ -245,7 +246,13 @@ class KeepCheckpoints(TunekitCallback):
         """The lowest-ranked deletable checkpoints whose deletion brings the experiment under ``max_bytes``."""
         assert self.max_bytes is not None
         left = [s for summaries in by_trial.values() for s in summaries if s.uri not in doomed]
+        # a multi-worker trial's Train checkpoints count too, once each, while a pointer left names them
+        namers: dict[str, list[str]] = {}
+        for s in left:
+            if self._train_of(s.uri):
+                namers.setdefault(self._train_of(s.uri), []).append(s.uri)
         total = sum(self._size(where[s.uri][1]) for s in left)
+        total += sum(self._train_bytes(where[uris[0]][1], target) for target, uris in namers.items())
         if total <= self.max_bytes:
             return []
         candidates = [s for s in left if s.uri in deletable]
@@ -259,6 +266,11 @@ class KeepCheckpoints(TunekitCallback):
                 break
             out.append(summary.uri)
             total -= self._size(where[summary.uri][1])
+            target = self._train_of(summary.uri)
+            if target:
+                namers[target].remove(summary.uri)
+                if not namers[target]:  # its last namer: the Train checkpoint goes with it (``_delete``)
+                    total -= self._train_bytes(where[summary.uri][1], target)
         if total > self.max_bytes and not self._warned:
             self._warned = True
             warnings.warn(
@@ -275,6 +287,17 @@ class KeepCheckpoints(TunekitCallback):
                 return size  # still being written: counted again next time
             self._sizes[checkpoint.path] = size
         return self._sizes[checkpoint.path]
+
+    def _train_of(self, path: str) -> str:
+        """The Train checkpoint of the experiment a multi-worker trial's Tune checkpoint names ("" if none)."""
+        target = self._targets.get(path, "")
+        return target if target and _in_experiment(target, path) else ""
+
+    def _train_bytes(self, pointer: Any, target: str) -> int:
+        key = f"train:{target}"
+        if key not in self._sizes:
+            self._sizes[key] = directory_bytes(pointer.filesystem, target)
+        return self._sizes[key]
 
     def _complete(self, checkpoint: Any) -> bool:
         if checkpoint.path not in self._whole and _complete(checkpoint):
@@ -304,6 +327,7 @@ class KeepCheckpoints(TunekitCallback):
         for path, target in named:
             if target and target not in live and _in_experiment(target, path):
                 live.add(target)  # (once)
+                self.deleted_bytes += self._sizes.pop(f"train:{target}", 0)
                 self._pending.append(self._deleter().submit(_delete_dir, where[path][1].filesystem, target))
 
     def _multi_worker(self, trial: Trial) -> bool:

@@ -260,3 +260,38 @@ def test_finished_trials_settle_and_the_experiments_best_stays_whoever_holds_it(
             for p in (Path(r.path).glob("checkpoint_*"))}
     assert left == {(k, 2) for k in range(10)} | {(6, 0)}  # each newest (index 2), and trial 6's 100
     assert keep.deleted == 10 * 3 - len(left)
+
+
+def test_a_budget_counts_each_train_checkpoint_of_a_multi_worker_trial_once(tmp_path):
+    """A multi-worker trial's Tune checkpoints are pointers of a few KB; ``max_bytes`` counts the Train
+    checkpoints they name, each once (two pointers may name one), freed only with its last pointer."""
+    from tunekit._snapshot_model import CheckpointSummary
+    from tunekit.checkpoint import write_checkpoint
+    from tunekit.multiworker.trial import write_pointer
+    from tunekit.storage import directory_bytes
+
+    trial = tmp_path / "exp" / "loop_00000"
+    targets = []
+    for i, size in ((1, 100_000), (2, 300_000)):
+        target = trial / "train" / f"checkpoint_{i}"
+        write_checkpoint(target, {"blob": bytes(size)}, metadata={"iteration": i})
+        targets.append(str(target))
+    named = [targets[0], targets[1], targets[1]]  # the third re-points at the second's (an at-end save)
+    pointers = []
+    for i, target in enumerate(named):
+        write_pointer(str(trial / f"checkpoint_00000{i}"), target, "loop", {}, None)
+        pointers.append(str(trial / f"checkpoint_00000{i}"))
+    where = {p: (None, tune.Checkpoint(p)) for p in pointers}
+    by_trial = {"t": [CheckpointSummary(Path(p).name, p, i + 1, {}) for i, p in enumerate(pointers)]}
+    import pyarrow.fs as pafs
+
+    fs = pafs.LocalFileSystem()
+    small = sum(directory_bytes(fs, p) for p in pointers)
+    train = [directory_bytes(fs, t) for t in targets]
+    policy = KeepCheckpoints(trial_latest=3, max_bytes=small + train[0] + train[1])
+    policy._targets = dict(zip(pointers, named))
+    assert policy._over_budget(by_trial, where, set(pointers), set(), []) == []  # all of it fits: none goes
+    policy.max_bytes = small + train[1]  # the oldest pointer goes, and its Train checkpoint with it
+    assert policy._over_budget(by_trial, where, set(pointers), set(), []) == pointers[:1]
+    policy.max_bytes = small  # the next pointer frees no Train checkpoint (the third names it): both go
+    assert policy._over_budget(by_trial, where, set(pointers), set(), []) == pointers
