@@ -13,7 +13,7 @@ from ray import tune
 from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
 
 from tunekit import read_state, verify_checkpoint
-from tunekit.callbacks import KeepCheckpoints
+from tunekit.callbacks import KeepCheckpoints, ParquetLogger
 from tunekit.cli import main
 from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
 from tunekit.snapshot import read_experiment
@@ -74,15 +74,25 @@ def _pbt_sweep(storage: Path, name: str, scheduler: str, keep: KeepCheckpoints |
         tune_config=tune.TuneConfig(**tune_config),
         run_config=tune.RunConfig(name=name, storage_path=str(storage), stop={"training_iteration": ITERATIONS},
                                   checkpoint_config=setup.checkpoint_config, verbose=0,
-                                  callbacks=[counter] + ([keep] if keep else [])),
+                                  callbacks=[counter, ParquetLogger()] + ([keep] if keep else [])),
     ).fit()
     return grid, counter.counts
 
 
 def _rows(exp: Path) -> dict[str, list[dict]]:
-    """Per trial (by its index): its result rows in the order it reported them (Ray's result.json)."""
-    return {path.parent.name.split("_")[2]: [json.loads(line) for line in path.read_text().splitlines()]
-            for path in exp.glob("*/result.json")}
+    """Per trial (by its index): its result rows in the order it reported them, from tunekit's own record
+    (ParquetLogger). Not Ray's result.json: when Ray restarts a trial (an exploit) it copies the trial's
+    result.json back from storage, which lags behind under load, and the rows since are lost (seen in CI)."""
+    from tunekit.analysis import load_results
+
+    out = {}
+    for trial_id, group in load_results(str(exp), source="parquet").groupby("trial_id", sort=False):
+        rows = group.sort_values("training_iteration", kind="stable").to_dict("records")
+        for row in rows:
+            h = row["config/h"]
+            row["config"] = {"h": json.loads(h) if isinstance(h, str) else list(h), "lr": row["config/lr"]}
+        out[trial_id.split("_")[1]] = rows
+    return out
 
 
 def _one_step(theta: tuple[float, float], config: dict) -> list[float]:
