@@ -86,5 +86,5 @@ def tune_ddp(config: dict[str, Any]) -> None:
     trial = train_trial(train_loop, workers=int(config.get("workers", 2)),
                         cpus_per_worker=float(config.get("cpus_per_worker", 1)),
                         use_gpu=bool(config.get("use_gpu", False)), max_failures=int(config.get("max_failures", 1)),
-                        storage_path=config.get("storage_path"))
+                        storage_path=config.get("storage_path"), lockstep=False)  # (run inside this function)
     trial(config)

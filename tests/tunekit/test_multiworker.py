@@ -256,9 +256,12 @@ def test_pbt_clones_a_donor_sharded_checkpoint_with_the_mutated_rate_in_effect(f
         target = train_checkpoint_of(result.checkpoint)
         assert target is not None and target.startswith(str(Path(result.path) / "train"))
         assert verify_checkpoint(target).ok
-        # one Tune checkpoint kept, and of the Train checkpoints (one an iteration), the one it names
+        # one Tune checkpoint kept, and of the Train checkpoints (one an iteration), the one it names; at most
+        # one more: written as Tune stopped the trial (PBT's pause or exploit), never reported, named by no
+        # Tune checkpoint (``tunekit gc`` takes those after the run)
         assert len(list(Path(result.path).glob("checkpoint_0*"))) == 1
-        assert [str(p) for p in _checkpoints(result)] == [target], ([p.name for p in _checkpoints(result)], target, result.path)
+        left = [str(p) for p in _checkpoints(result)]
+        assert target in left and len(left) <= 2, (left, target)  # (without retention: 3 or more)
     from tunekit import verify_experiment
 
     check = verify_experiment(str(storage / "pbt"))  # every pointer's target there, every rank's part whole
