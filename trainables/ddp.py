@@ -88,3 +88,8 @@ def tune_ddp(config: dict[str, Any]) -> None:
                         use_gpu=bool(config.get("use_gpu", False)), max_failures=int(config.get("max_failures", 1)),
                         storage_path=config.get("storage_path"), lockstep=False)  # (run inside this function)
     trial(config)
+
+
+#: ``tunekit check`` cannot check it (its workers run ahead of Tune) and says so in one line; it checks a
+#: module-level ``train_trial(train_loop, workers=2)`` (lockstep, the default) instead.
+tune_ddp.tunekit_multiworker = True  # type: ignore[attr-defined]

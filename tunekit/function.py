@@ -244,15 +244,20 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
 
     def _save_elsewhere(self, checkpoint_dir: str | None) -> Any:
         """Into a directory Ray named, or written to a temporary one that Ray uploads."""
-        if self._session is None:  # the function has not made its session yet: nothing to save
+        write = self._elsewhere_writer()
+        if write is None:  # nothing to save
             return _ray.TrainingResult(checkpoint=None, metrics=_ray.last_result(self))
         directory = checkpoint_dir or tempfile.mkdtemp(prefix="tunekit-ckpt-")
         try:
-            self._session.save(directory)
+            write(directory)
             return _ray.report_checkpoint_dir(self, directory)
         finally:
             if not checkpoint_dir and _ray.trainable_storage(self):
                 shutil.rmtree(directory, ignore_errors=True)
+
+    def _elsewhere_writer(self) -> Callable[[str], Any] | None:
+        """What writes this trial's checkpoint into a directory; None before the function made its session."""
+        return None if self._session is None else self._session.save
 
     def tunekit_sync_saves(self) -> None:
         """Every save of this worker completes its write before it returns (Ray's own PBT: see ``tunekit._ray``)."""

@@ -83,6 +83,10 @@ def test_check_and_a_session_outside_a_train_worker_say_what_is_wrong():
 
     with pytest.raises(ConfigError, match=r"'m:trial': a multi-worker trial made with train_trial\(lockstep=False\)"):
         as_trainable_class(train_trial(loop, lockstep=False), "m:trial")
+    from tunekit.trainables.ddp import tune_ddp  # (runs a lockstep=False train_trial inside itself)
+
+    with pytest.raises(ConfigError, match=r"'tunekit.trainables.ddp:tune_ddp': a multi-worker trial made with"):
+        as_trainable_class(tune_ddp, "tunekit.trainables.ddp:tune_ddp")
     with pytest.raises(ConfigError, match=r"WorkerSession\(\): not inside a Ray Train worker"):
         WorkerSession(TrainingState(models={"m": torch.nn.Linear(2, 2)}))
     with pytest.raises(ConfigError, match=r"WorkerSession\(background='no'\): expected True or False"):

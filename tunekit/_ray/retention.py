@@ -111,7 +111,7 @@ def set_aside_stale_train_snapshot(filesystem: Any, run_dir: str) -> list[str]:
     try:
         with filesystem.open_input_stream(path) as fh:
             text = fh.read().decode("utf-8", "replace")
-    except (FileNotFoundError, OSError):
+    except OSError:  # (FileNotFoundError among them)
         return []
     try:
         named = {v for v in _values_of("checkpoint_dir_name", json.loads(text)) if isinstance(v, str)}

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import shutil
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -158,20 +156,14 @@ def lockstep_trainable(trial: Callable[[dict[str, Any]], None], name: str, mixin
 
     base = function_trainable(trial, name=name)
 
-    def _save_elsewhere(self: Any, checkpoint_dir: str | None) -> Any:
-        from tunekit import _ray
+    def _elsewhere_writer(self: Any) -> Callable[[str], Any] | None:
         from tunekit.multiworker.trial import write_pointer
 
         path = ask_for_checkpoint()
         if path is None:
-            return _ray.TrainingResult(checkpoint=None, metrics=_ray.last_result(self))
-        directory = checkpoint_dir or tempfile.mkdtemp(prefix="tunekit-pointer-")
-        try:
-            write_pointer(directory, path, RUN.get("name", name), RUN.get("config", {}), RUN.get("fs"))
-            return _ray.report_checkpoint_dir(self, directory)
-        finally:
-            if not checkpoint_dir and _ray.trainable_storage(self):
-                shutil.rmtree(directory, ignore_errors=True)
+            return None
+        return lambda directory: write_pointer(directory, path, RUN.get("name", name), RUN.get("config", {}),
+                                               RUN.get("fs"))
 
-    return type(name, (mixin, base), {"_save_elsewhere": _save_elsewhere, "tunekit_multiworker": True,
+    return type(name, (mixin, base), {"_elsewhere_writer": _elsewhere_writer, "tunekit_multiworker": True,
                                       "__module__": getattr(trial, "__module__", __name__)})
