@@ -26,7 +26,7 @@ from tunekit.errors import ExperimentError
 from tunekit.storage import Storage, storage_errors
 
 __all__ = ["CHECKPOINT_DIR", "CheckpointDir", "DAMAGED_COPY", "POINTER_KEY", "TRAIN_DIR", "TrialDir", "checkpoint_bytes",
-           "checkpoint_count", "find_trials", "root_files"]
+           "checkpoint_count", "find_trials", "root_files", "scan_experiment"]
 
 _TRIAL_FILES = ("params.json", "result.json", "progress.csv", "error.txt")
 #: Where a multi-worker trial's Ray Train run keeps its checkpoints (:func:`tunekit.multiworker.train_trial`).
@@ -61,18 +61,6 @@ class _Entry(NamedTuple):  # (a tuple: listing 2,000 trials makes tens of thousa
     is_file: bool
 
 
-def _names(where: Storage, path: str) -> list[_Entry]:
-    """The names in directory ``path``, each as a possible file and directory (locally by ``os.listdir``: half
-    the time of ``os.scandir`` over 2,000 trial directories; what a name is, is told by the name)."""
-    if not where.is_local:
-        return _list(where, path)
-    with storage_errors("list", where):
-        try:
-            return [_Entry(name, True, True) for name in os.listdir(path)]
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-
-
 def root_files(experiment: Storage) -> list[str]:
     """The names of the files at the top of ``experiment`` (its state files, Ray's PBT log), sorted."""
     return sorted(e.base_name for e in _list(experiment, experiment.path) if e.is_file)
@@ -93,8 +81,14 @@ def _list(where: Storage, path: str) -> list[_Entry]:
 
 
 def find_trials(experiment: Storage, *, checkpoints: bool = True) -> list[TrialDir]:
-    """The trial directories of ``experiment``, sorted by name; without their checkpoints when
-    ``checkpoints=False`` (the names in a trial directory are read, not what each one is).
+    """The trial directories of ``experiment`` (:func:`scan_experiment`'s first half)."""
+    return scan_experiment(experiment, checkpoints=checkpoints)[0]
+
+
+def scan_experiment(experiment: Storage, *, checkpoints: bool = True) -> tuple[list[TrialDir], list[str]]:
+    """The trial directories of ``experiment``, sorted by name, without their checkpoints when
+    ``checkpoints=False`` (the names in a trial directory are read, not what each one is); and the
+    names of the files at its top (:func:`root_files`), from the same listing.
 
     Raises:
         ExperimentError: ``experiment`` does not exist or is not a Ray Tune
@@ -115,39 +109,58 @@ def find_trials(experiment: Storage, *, checkpoints: bool = True) -> list[TrialD
         and e.base_name.endswith(".json")
         for e in entries
     )
-    trials = []
-    for entry in sorted(entries, key=lambda e: e.base_name):
-        if not entry.is_dir:
-            continue
-        if checkpoints:
-            children = _list(experiment, posixpath.join(experiment.path, entry.base_name))
-            found = sorted(
-                (
-                    CheckpointDir(c.base_name, int(m[1]), experiment.join(entry.base_name, c.base_name))
-                    for c in children
-                    if c.is_dir and (m := CHECKPOINT_DIR.match(c.base_name))
-                ),
-                key=lambda c: c.index,
-            )
-            found += _train_checkpoints(experiment, entry.base_name, children, start=len(found))
-        else:
-            children = _names(experiment, posixpath.join(experiment.path, entry.base_name))
-            found = [c for c in children if CHECKPOINT_DIR.match(c.base_name)]
-        is_trial = found or any(
-            c.is_file and c.base_name in _TRIAL_FILES for c in children
-        )
-        if is_trial:
-            copies = tuple(sorted(c.base_name for c in children
-                                  if c.is_dir and DAMAGED_COPY.match(c.base_name)))
-            trials.append(TrialDir(entry.base_name, experiment.join(entry.base_name),
-                                   tuple(found) if checkpoints else (), copies))
+    if not checkpoints and experiment.is_local:
+        trials = _local_trial_names(experiment, sorted(e.base_name for e in entries if e.is_dir))
+    else:
+        trials = _trial_dirs(experiment, entries, checkpoints)
     if not has_state and not trials:
         raise ExperimentError(
             f"{experiment.uri}: not a Ray Tune experiment directory "
             "(no experiment_state-*.json and no trial directories)"
         )
+    return trials, sorted(e.base_name for e in entries if e.is_file)
+
+
+def _local_trial_names(experiment: Storage, names: list[str]) -> list[TrialDir]:
+    """:func:`find_trials` without checkpoints, on a local disk: each candidate directory's names by one
+    ``os.listdir`` and set lookups (the readers of a 2,000-trial sweep's structure spend their time here)."""
+    trials, files = [], frozenset(_TRIAL_FILES)
+    with storage_errors("list", experiment):
+        for name in names:
+            try:
+                children = os.listdir(f"{experiment.path}/{name}")
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if files.isdisjoint(children) and not any(
+                    c.startswith("checkpoint_") and CHECKPOINT_DIR.match(c) for c in children):
+                continue
+            copies = tuple(sorted(c for c in children if c.startswith(".checkpoint_") and DAMAGED_COPY.match(c)))
+            trials.append(TrialDir(name, experiment.join(name), (), copies))
     return trials
 
+
+def _trial_dirs(experiment: Storage, entries: list[_Entry], checkpoints: bool) -> list[TrialDir]:
+    trials = []
+    for entry in sorted(entries, key=lambda e: e.base_name):
+        if not entry.is_dir:
+            continue
+        children = _list(experiment, posixpath.join(experiment.path, entry.base_name))
+        found = sorted(
+            (
+                CheckpointDir(c.base_name, int(m[1]), experiment.join(entry.base_name, c.base_name))
+                for c in children
+                if c.is_dir and (m := CHECKPOINT_DIR.match(c.base_name))
+            ),
+            key=lambda c: c.index,
+        )
+        if checkpoints:
+            found += _train_checkpoints(experiment, entry.base_name, children, start=len(found))
+        if found or any(c.is_file and c.base_name in _TRIAL_FILES for c in children):
+            copies = tuple(sorted(c.base_name for c in children
+                                  if c.is_dir and DAMAGED_COPY.match(c.base_name)))
+            trials.append(TrialDir(entry.base_name, experiment.join(entry.base_name),
+                                   tuple(found) if checkpoints else (), copies))
+    return trials
 
 
 def _train_checkpoints(experiment: Storage, trial: str, children: list[_Entry], *,

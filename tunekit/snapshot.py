@@ -32,7 +32,7 @@ from tunekit._checks import as_number
 from tunekit.checkpoint import METADATA_FILE as METADATA_NAME
 from tunekit.checkpoint import read_metadata, unsupported_format
 from tunekit.errors import CheckpointError
-from tunekit.experiment_dir import TrialDir, checkpoint_bytes, find_trials, root_files
+from tunekit.experiment_dir import TrialDir, checkpoint_bytes, root_files, scan_experiment
 from tunekit.record import interrupted_trials
 from tunekit.results import (RESTORED_FROM_KEY, dedupe_lineage, exploits_by_trial, loads, parse_result_lines, read_bytes,
                              read_text, rows_lost)
@@ -289,10 +289,9 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
         StorageError: the storage cannot be read.
     """
     experiment = resolve_storage(location, filesystem=filesystem)
-    trial_dirs = find_trials(experiment, checkpoints=results)
+    trial_dirs, files = scan_experiment(experiment, checkpoints=results)
     problems: list[str] = []
     damaged_states: list[str] = []
-    files = root_files(experiment)
     state_file, state = _read_state(experiment, problems, damaged_states, files)
     pickle_damage = tuner_pickle_problem(experiment)
     if pickle_damage:
@@ -372,7 +371,7 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
     exploits = read_exploits(experiment, trial_tags(trials), files)
     interrupted = interrupted_trials(experiment.filesystem, experiment.path, trials)
     clones = exploits_by_trial(exploits)
-    for t in trials:
+    for t in (t for t in trials if t.results):  # (no rows, none lost)
         t.missing_iterations = rows_lost([r.get("training_iteration") for r in t.results],
                                          [r.get(RESTORED_FROM_KEY) for r in t.results], own=t.name,
                                          exploits=clones.get(t.trial_id, []), continued=t.continued)
