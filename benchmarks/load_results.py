@@ -125,8 +125,12 @@ def _compact(exp: Path) -> None:
 
 
 def _time(fn, repeat: int) -> tuple[list[float], object]:
+    import gc
+
     runs, value = [], None
     for _ in range(repeat):
+        value = None
+        gc.collect()  # (not timed) the reader before it leaves no garbage for this one to collect: for every reader
         t0 = time.perf_counter()
         value = fn()
         runs.append(time.perf_counter() - t0)

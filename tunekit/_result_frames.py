@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from tunekit.results import parse_result_lines, read_text
+from tunekit.results import parse_result_lines, read_bytes, read_text
 from tunekit.storage import Storage, storage_errors
 from tunekit.table import JOURNAL, RESULTS_DIR, flatten_result, rows_to_table
 
@@ -192,8 +192,8 @@ def from_parquet(experiment: Storage, parts: list[str], *, dedupe: bool = True) 
 def _read_files(fs: pafs.FileSystem, paths: list[str]) -> list[bytes]:
     """Each file's bytes (empty where it is missing): on a local disk one after the other with Python's own
     I/O (from the page cache, a quarter of a thread pool's time for 500 trials' files), else 8 at a time."""
-    if isinstance(fs, pafs.LocalFileSystem):
-        return [_read_local(path) for path in paths]
+    if type(fs) is pafs.LocalFileSystem:
+        return [read_bytes(fs, path) or b"" for path in paths]
 
     def read(path: str) -> bytes:
         try:
@@ -204,14 +204,6 @@ def _read_files(fs: pafs.FileSystem, paths: list[str]) -> list[bytes]:
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         return list(pool.map(read, paths))
-
-
-def _read_local(path: str) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except (FileNotFoundError, NotADirectoryError):
-        return b""
 
 
 def from_result_json(experiment: Storage, names: list[str], problems: list[str]) -> pd.DataFrame:

@@ -24,7 +24,7 @@ from tunekit._result_frames import ITER as _ITER
 from tunekit._result_frames import dedupe_frame, from_parquet, from_result_json, order_columns, parquet_parts, row_config
 from tunekit.checkpoint import load_model
 from tunekit.errors import ConfigError, ExperimentError, StorageError
-from tunekit.results import RESTORED_FROM_KEY, exploits_by_trial, format_ranges, rows_lost
+from tunekit.results import RESTORED_FROM_KEY, exploits_by_trial, format_ranges, gc_paused, rows_lost
 from tunekit.snapshot import BestCheckpoint, ExperimentSnapshot, read_experiment
 from tunekit.storage import Storage, resolve_storage
 from tunekit.table import RESULTS_DIR
@@ -84,36 +84,37 @@ def load_results(
     """
     if source not in ("auto", "parquet", "json"):
         raise ConfigError(f"load_results(source={source!r}): expected 'auto', 'parquet' or 'json'")
-    experiment = resolve_storage(location, filesystem=filesystem)
-    parts = parquet_parts(experiment) if source != "json" else []
-    read_problems: list[str] = []
-    if parts and snapshot is None:  # the rows read (Arrow, mostly without the GIL) while the structure is parsed
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            rows = pool.submit(from_parquet, experiment, parts)  # deduplicated and sorted as it is read
-            snap = read_experiment(experiment, results=False)
-            df: pd.DataFrame | None = rows.result()
-    else:
-        snap = snapshot if snapshot is not None else read_experiment(experiment, results=False)
-        df = from_parquet(experiment, parts) if parts else None
-    if df is None and source == "parquet":
-        raise ExperimentError(f"{experiment.uri}: no {RESULTS_DIR}/*.parquet (was ParquetLogger used?)")
-    if df is None or (df.empty and source == "auto"):  # (a journal alone may hold no row yet)
-        df = dedupe_frame(from_result_json(experiment, [t.name for t in snap.trials], read_problems))
-    if df.empty:
-        return df
-    if warm_start_history:
-        df = _with_warm_start_history(df, experiment, _seen=_seen)
-    df = order_columns(df)
-    if _ITER in df.columns:
-        gaps = _gaps(df, snap)
-        if gaps:
-            df.attrs["missing_iterations"] = gaps
-            warnings.warn(
-                f"{experiment.uri}: {len(gaps)} trial(s) lack result rows "
-                f"({'; '.join(f'{t}: iterations {format_ranges(m)}' for t, m in sorted(gaps.items())[:5])}); "
-                "Ray's result.json lost them (add tunekit.callbacks.ParquetLogger to keep every row)",
-                stacklevel=2,
-            )
+    with gc_paused():  # (see gc_paused: what the read parses lives only until it returns)
+        experiment = resolve_storage(location, filesystem=filesystem)
+        parts = parquet_parts(experiment) if source != "json" else []
+        read_problems: list[str] = []
+        if parts and snapshot is None:  # the rows read (Arrow, mostly without the GIL) while the structure is parsed
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                rows = pool.submit(from_parquet, experiment, parts)  # deduplicated and sorted as it is read
+                snap = read_experiment(experiment, results=False)
+                df: pd.DataFrame | None = rows.result()
+        else:
+            snap = snapshot if snapshot is not None else read_experiment(experiment, results=False)
+            df = from_parquet(experiment, parts) if parts else None
+        if df is None and source == "parquet":
+            raise ExperimentError(f"{experiment.uri}: no {RESULTS_DIR}/*.parquet (was ParquetLogger used?)")
+        if df is None or (df.empty and source == "auto"):  # (a journal alone may hold no row yet)
+            df = dedupe_frame(from_result_json(experiment, [t.name for t in snap.trials], read_problems))
+        if df.empty:
+            return df
+        if warm_start_history:
+            df = _with_warm_start_history(df, experiment, _seen=_seen)
+        df = order_columns(df)
+        if _ITER in df.columns:
+            gaps = _gaps(df, snap)
+            if gaps:
+                df.attrs["missing_iterations"] = gaps
+                warnings.warn(
+                    f"{experiment.uri}: {len(gaps)} trial(s) lack result rows "
+                    f"({'; '.join(f'{t}: iterations {format_ranges(m)}' for t, m in sorted(gaps.items())[:5])}); "
+                    "Ray's result.json lost them (add tunekit.callbacks.ParquetLogger to keep every row)",
+                    stacklevel=2,
+                )
     problems = list(snap.problems) + [p for p in read_problems if p not in snap.problems]
     if problems:
         df.attrs["problems"] = problems

@@ -34,8 +34,8 @@ from tunekit.checkpoint import read_metadata, unsupported_format
 from tunekit.errors import CheckpointError
 from tunekit.experiment_dir import TrialDir, checkpoint_bytes, root_files, scan_experiment
 from tunekit.record import interrupted_trials
-from tunekit.results import (RESTORED_FROM_KEY, dedupe_lineage, exploits_by_trial, loads, parse_result_lines, read_bytes,
-                             read_text, rows_lost)
+from tunekit.results import (RESTORED_FROM_KEY, dedupe_lineage, exploits_by_trial, gc_paused, loads, parse_result_lines,
+                             read_bytes, read_text, rows_lost)
 from tunekit._pickles import tuner_pickle_problem
 from tunekit.storage import Storage, resolve_storage
 
@@ -288,7 +288,11 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
         ExperimentError: ``location`` is not an experiment directory.
         StorageError: the storage cannot be read.
     """
-    experiment = resolve_storage(location, filesystem=filesystem)
+    with gc_paused():
+        return _read_experiment(resolve_storage(location, filesystem=filesystem), results)
+
+
+def _read_experiment(experiment: Storage, results: bool) -> ExperimentSnapshot:
     trial_dirs, files = scan_experiment(experiment, checkpoints=results)
     problems: list[str] = []
     damaged_states: list[str] = []

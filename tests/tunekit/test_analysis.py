@@ -365,3 +365,27 @@ def test_rows_secured_in_the_journal_outlive_a_killed_driver_and_the_next_run_ba
     assert names == [f"{journal.name[1:-len('jsonl')]}parquet", names[1]] and names[1].endswith("-000000.parquet")
     assert pd.read_parquet(results)["training_iteration"].tolist() == [1, 2, 3, 4, 5]  # pyarrow's own reader
     assert load_results(str(exp), source="parquet")["training_iteration"].tolist() == [1, 2, 3, 4, 5]
+
+
+def test_the_readers_hold_off_the_garbage_collector_only_while_they_read_and_leave_it_as_it_was():
+    import gc
+
+    from tunekit.results import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():  # (load_results reads its structure through read_experiment: nested)
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ExperimentError):
+        load_results("/nonexistent/experiment")  # an error inside the read
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # a caller who turned it off keeps it off
+    finally:
+        gc.enable()
