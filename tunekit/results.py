@@ -65,10 +65,11 @@ def read_bytes(fs: pafs.FileSystem, path: str) -> bytes | None:
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector held off while a reader builds what it parsed (as it was before,
-    after). Thousands of dicts parsed from an experiment's state live only until the reader returns, and
-    reference counting frees them then; collections in between scan them in vain and move them to the older
-    generations, whose full collections (15-20 ms in a process that imported pandas, Arrow and Ray) then
-    come every few reads: 35-40 ms spikes in a read of 20 ms."""
+    after). Most of what a reader parses (Ray's experiment state, every trial's state) lives only until it
+    returns, and reference counting frees it then; collections in between scan it in vain and move it to the
+    older generations, whose full collections (15-20 ms in a process that imported pandas, Arrow and Ray)
+    then come every few reads: 35-40 ms spikes in a read of 20 ms. Nothing is kept from collection: what is
+    left when the collector is back is collected as before."""
     enabled = gc.isenabled()
     gc.disable()
     try:
