@@ -63,7 +63,11 @@ class _Entry(NamedTuple):  # (a tuple: listing 2,000 trials makes tens of thousa
 
 def root_files(experiment: Storage) -> list[str]:
     """The names of the files at the top of ``experiment`` (its state files, Ray's PBT log), sorted."""
-    return sorted(e.base_name for e in _list(experiment, experiment.path) if e.is_file)
+    return _files(_list(experiment, experiment.path))
+
+
+def _files(entries: list[_Entry]) -> list[str]:
+    return sorted(e.base_name for e in entries if e.is_file)
 
 
 def _list(where: Storage, path: str) -> list[_Entry]:
@@ -118,7 +122,7 @@ def scan_experiment(experiment: Storage, *, checkpoints: bool = True) -> tuple[l
             f"{experiment.uri}: not a Ray Tune experiment directory "
             "(no experiment_state-*.json and no trial directories)"
         )
-    return trials, sorted(e.base_name for e in entries if e.is_file)
+    return trials, _files(entries)
 
 
 def _local_trial_names(experiment: Storage, names: list[str]) -> list[TrialDir]:
@@ -127,15 +131,16 @@ def _local_trial_names(experiment: Storage, names: list[str]) -> list[TrialDir]:
     trials, files = [], frozenset(_TRIAL_FILES)
     with storage_errors("list", experiment):
         for name in names:
+            location = experiment.join(name)
             try:
-                children = os.listdir(f"{experiment.path}/{name}")
+                children = os.listdir(location.path)
             except (FileNotFoundError, NotADirectoryError):
                 continue
             if files.isdisjoint(children) and not any(
                     c.startswith("checkpoint_") and CHECKPOINT_DIR.match(c) for c in children):
                 continue
             copies = tuple(sorted(c for c in children if c.startswith(".checkpoint_") and DAMAGED_COPY.match(c)))
-            trials.append(TrialDir(name, experiment.join(name), (), copies))
+            trials.append(TrialDir(name, location, (), copies))
     return trials
 
 
@@ -145,21 +150,15 @@ def _trial_dirs(experiment: Storage, entries: list[_Entry], checkpoints: bool) -
         if not entry.is_dir:
             continue
         children = _list(experiment, posixpath.join(experiment.path, entry.base_name))
-        found = sorted(
-            (
-                CheckpointDir(c.base_name, int(m[1]), experiment.join(entry.base_name, c.base_name))
-                for c in children
-                if c.is_dir and (m := CHECKPOINT_DIR.match(c.base_name))
-            ),
-            key=lambda c: c.index,
-        )
+        names = [(int(m[1]), c.base_name) for c in children if c.is_dir and (m := CHECKPOINT_DIR.match(c.base_name))]
+        found = []
         if checkpoints:
+            found = [CheckpointDir(name, index, experiment.join(entry.base_name, name)) for index, name in sorted(names)]
             found += _train_checkpoints(experiment, entry.base_name, children, start=len(found))
-        if found or any(c.is_file and c.base_name in _TRIAL_FILES for c in children):
+        if names or found or any(c.is_file and c.base_name in _TRIAL_FILES for c in children):
             copies = tuple(sorted(c.base_name for c in children
                                   if c.is_dir and DAMAGED_COPY.match(c.base_name)))
-            trials.append(TrialDir(entry.base_name, experiment.join(entry.base_name),
-                                   tuple(found) if checkpoints else (), copies))
+            trials.append(TrialDir(entry.base_name, experiment.join(entry.base_name), tuple(found), copies))
     return trials
 
 
