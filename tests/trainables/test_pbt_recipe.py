@@ -40,6 +40,67 @@ def test_setup_aligns_checkpoints_with_perturbations():
                                           "reuse_actors": True}
 
 
+class _Trials:
+    """What a scheduler sees of Tune's controller when it adds trials and chooses one to run."""
+
+    search_alg = None
+
+    def __init__(self, trials):
+        self.trials = trials
+
+    def get_trials(self):
+        return self.trials
+
+
+@pytest.mark.parametrize("synch", [False, True], ids=["async", "synch"])
+def test_the_trial_chosen_to_wait_for_a_worker_keeps_every_worker_busy(synch):
+    # Tune keeps a pausing trial's worker only while a chosen trial waits for one: with one waiting and
+    # two pausing close together, the second worker was shut down and its CPU left idle.
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    setup = pbt_setup(DigitsTrainable, metric="accuracy", mode="max", perturbation_interval=2,
+                      mutations={"lr": [0.1, 0.2]}, synch=synch)
+    scheduler = setup.scheduler
+    scheduler.set_search_properties(setup.metric, setup.mode)  # what Tune does with tune_config_kwargs()
+    trials = [Trial("__fake", config={"lr": 0.1}, checkpoint_config=setup.checkpoint_config, stub=True)
+              for _ in range(6)]
+    controller = _Trials(trials)
+    for trial in trials:
+        scheduler.on_trial_add(controller, trial)
+    running, waiting, paused_ahead, paused, paused_behind = trials[0:2], trials[2], trials[3], trials[4], trials[5]
+    progress = {waiting: 2, paused_ahead: 8, paused: 4, paused_behind: 6}
+    for trial in trials:
+        scheduler._trial_state[trial].last_train_time = progress.get(trial, 10)
+    for trial in running:
+        trial.set_status(Trial.RUNNING)
+    for trial in (paused_ahead, paused, paused_behind):
+        trial.set_status(Trial.PAUSED)
+    # Ray's choice is the least advanced waiting trial, already waiting for a worker; tunekit's async
+    # scheduler chooses the least advanced paused trial as well (a synchronous one keeps Ray's choice).
+    rays = PopulationBasedTraining.choose_trial_to_run(scheduler, controller)
+    assert rays is (None if synch else waiting)  # synchronous: none until the population reaches the sync point
+    assert scheduler.choose_trial_to_run(controller) is (rays if synch else paused)
+    if synch:
+        return
+    paused.set_status(Trial.PENDING)  # now two wait, as many as run: Ray's choice
+    assert scheduler.choose_trial_to_run(controller) is waiting
+    running[1].set_status(Trial.PAUSED)
+    paused.set_status(Trial.PAUSED)  # one runs, one waits
+    assert scheduler.choose_trial_to_run(controller) is waiting
+    # Trials that have not run yet: Ray's choice is the first; Tune asked for their workers in that order and
+    # starts the first ones' as CPUs allow: the last one is chosen, whose worker is not starting.
+    fresh = [Trial("__fake", config={"lr": 0.1}, checkpoint_config=setup.checkpoint_config, stub=True)
+             for _ in range(3)]
+    controller.trials = [running[0], *fresh]
+    for trial in fresh:
+        scheduler.on_trial_add(controller, trial)
+    assert scheduler.choose_trial_to_run(controller) is fresh[0]  # before any pause: Tune's order, Ray's choice
+    controller.trials.append(paused)
+    assert PopulationBasedTraining.choose_trial_to_run(scheduler, controller) is fresh[0]
+    assert scheduler.choose_trial_to_run(controller) is fresh[-1]
+
+
 def test_toy_problem_of_the_pbt_paper(ray_session, storage):
     # Time-shared on one slot, the population's path follows from iteration counts, not timing.
     with_pbt = run_toy_problem(str(storage), pbt=True, one_slot=True, seed=0)
