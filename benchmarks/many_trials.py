@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from ray import tune  # noqa: E402
 
-from pbt import PHASES_ENV, clear_phases, fit_and_read_phases, timed  # noqa: E402
+from pbt import PHASES_ENV, WORKERS, clear_phases, fit_and_read_phases, timed, worker_time_ms  # noqa: E402
 from tunekit import FunctionSession, TorchTrainable, TrainingState, function_trainable  # noqa: E402
 
 VARIANTS = ("plain", "class", "function", "class+callbacks")
@@ -157,6 +157,14 @@ def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: in
     return fit_and_read_phases(tuner, name, phases_dir)
 
 
+def _workers(phases: dict[str, list[float]]) -> str:
+    """How many worker processes trained, and their steps: Tune hands a finished trial's worker to the next
+    trial, whose own worker, if it was starting, is stopped; with trials shorter than a worker's start, one
+    worker can run the whole sweep (``benchmarks/README.md``)."""
+    steps = sorted(phases.get(WORKERS, []), reverse=True)
+    return f"{len(steps)} worker(s) trained ({'/'.join(f'{s:.0f}' for s in steps)} steps)"
+
+
 def _time_command(args: list[str], runs: int = 3) -> str:
     """Best wall time of ``tunekit ARGS`` (a fresh process each run), and its exit status."""
     best, code = float("inf"), 0
@@ -170,15 +178,16 @@ def _time_command(args: list[str], runs: int = 3) -> str:
     return f"{best:6.2f} s (exit {code})"
 
 
-def _child(args: argparse.Namespace, variant: str, trials: int, keep: str | None = None) -> tuple[float, float]:
-    """One sweep in a fresh driver process: its wall time (s) and the driver's peak RSS (MiB)."""
+def _child(args: argparse.Namespace, variant: str, trials: int, keep: str | None = None) -> tuple[float, float, str]:
+    """One sweep in a fresh driver process: its wall time (s), the driver's peak RSS (MiB), the workers that trained."""
     done = subprocess.run([sys.executable, __file__, "--trials", str(trials), "--iterations", str(args.iterations),
                            "--variants", variant, "--scheduler", args.scheduler, "--print-peak-rss",
                            *(["--keep", keep] if keep else [])], capture_output=True, text=True, check=False)
-    said = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.startswith(("peak-rss-kib ", "wall-s ")))
-    if done.returncode or len(said) != 2:
+    said = dict(line.split(" ", 1) for line in done.stdout.splitlines()
+                if line.startswith(("peak-rss-kib ", "wall-s ", "workers ")))
+    if done.returncode or len(said) != 3:
         raise SystemExit(f"{variant} at {trials} trials failed: {done.stderr.strip().splitlines()[-3:]}")
-    return float(said["wall-s"]), int(said["peak-rss-kib"]) / 1024
+    return float(said["wall-s"]), int(said["peak-rss-kib"]) / 1024, said["workers"]
 
 
 def _fresh(args: argparse.Namespace, variants: list[str]) -> int:
@@ -188,9 +197,10 @@ def _fresh(args: argparse.Namespace, variants: list[str]) -> int:
     for repeat in range(args.repeats):
         for variant in variants[repeat % len(variants):] + variants[:repeat % len(variants)]:
             keep = os.path.join(args.keep, f"r{repeat}") if args.keep else None
-            wall, peak = _child(args, variant, args.trials, keep)
+            wall, peak, workers = _child(args, variant, args.trials, keep)
             every[variant].append(wall)
-            print(f"  {variant:16s} run {repeat + 1}: {wall:7.1f} s  (driver peak RSS {peak:6.1f} MiB)", flush=True)
+            print(f"  {variant:16s} run {repeat + 1}: {wall:7.1f} s  (driver peak RSS {peak:6.1f} MiB), {workers}",
+                  flush=True)
     print(f"\n{args.trials} trials x {args.iterations} iterations, {args.scheduler}, a fresh driver per sweep; "
           "each run against plain's run of the same round")
     plain = every.get("plain")
@@ -276,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                 wall, phases = _sweep(root, name, variant, trials=args.trials, iterations=args.iterations,
                                       phases_dir=phases_dir, scheduler=args.scheduler)
                 every[variant].append(wall)
-                print(f"  {variant:16s} run {repeat + 1}: {wall:7.1f} s", flush=True)
+                print(f"  {variant:16s} run {repeat + 1}: {wall:7.1f} s, {_workers(phases)}", flush=True)
                 if wall < walls.get(variant, float("inf")):
                     walls[variant], logs[variant] = wall, phases
     finally:
@@ -286,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"peak-rss-kib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}")
         print(f"wall-s {every[variants[0]][0]}")
+        print(f"workers {_workers(logs[variants[0]])}")
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
         return 0
@@ -308,9 +319,9 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{sum(times) / args.trials:9.2f} ({len(times) / args.trials:.2f}x)")
         print(f"  {phase:20s}" + "".join(f"{c:>18s}" for c in cells))
     for v in variants:
-        spent = sum(sum(t) for t in logs[v].values()) / 1e3
+        spent = worker_time_ms(logs[v]) / 1e3
         print(f"  {v}: workers spent {spent:.1f} s in these calls over {cpus} CPUs; the rest of {walls[v]:.1f} s "
-              "is Ray's (scheduling, the driver, callbacks)")
+              f"is Ray's (scheduling, the driver, callbacks); {_workers(logs[v])}")
     if "class" in variants:
         experiment = os.path.join(root, f"class-{args.repeats - 1}")
         print(f"\nreaders on the class experiment ({args.trials} trials), best of 3:")

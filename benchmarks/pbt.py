@@ -152,14 +152,28 @@ def clear_phases(phases_dir: str) -> None:
         os.remove(os.path.join(phases_dir, f))
 
 
+#: Not a phase: the steps each worker process ran, one entry per process that trained (``read_phases``).
+WORKERS = "workers"
+
+
 def read_phases(phases_dir: str) -> dict[str, list[float]]:
-    """phase -> the duration (ms) of each call the workers logged in ``phases_dir``."""
+    """phase -> the duration (ms) of each call the workers logged in ``phases_dir``; :data:`WORKERS` -> the steps
+    each worker process ran (Tune starts workers it stops before they train: those are left out)."""
     phases: dict[str, list[float]] = defaultdict(list)
     for f in os.listdir(phases_dir):
+        steps = 0
         for line in Path(phases_dir, f).read_text().splitlines():
             record = json.loads(line)
             phases[record["phase"]].append(record["ms"])
+            steps += record["phase"] in ("step", "first step after")
+        if steps:
+            phases[WORKERS].append(steps)
     return phases
+
+
+def worker_time_ms(phases: dict[str, list[float]]) -> float:
+    """The milliseconds the workers spent in the calls they logged."""
+    return sum(sum(v) for k, v in phases.items() if k != WORKERS)
 
 
 def _describe(phases: dict[str, list[float]]) -> str:
@@ -167,14 +181,13 @@ def _describe(phases: dict[str, list[float]]) -> str:
     for phase in ("save", "save (nothing new)", "reset", "restore", "stop", "first step after", "step"):
         if phases.get(phase):
             parts.append(f"{phase} {len(phases[phase])}x {statistics.median(phases[phase]):.1f} ms")
-    return ", ".join(parts)
+    workers = sorted(phases.get(WORKERS, []), reverse=True)
+    return ", ".join(parts) + f"; {len(workers)} worker(s) trained ({'/'.join(f'{w:.0f}' for w in workers)} steps)"
 
 
 def _trainable_extra_s(pbt: dict[str, list[float]], none: dict[str, list[float]]) -> float:
     """Seconds of worker time the PBT sweep spent beyond the no-scheduler sweep's."""
-    def total(p: dict[str, list[float]]) -> float:
-        return sum(sum(v) for v in p.values()) / 1e3
-    return total(pbt) - total(none)
+    return (worker_time_ms(pbt) - worker_time_ms(none)) / 1e3
 
 
 def main(argv: list[str] | None = None) -> int:

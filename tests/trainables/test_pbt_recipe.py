@@ -101,6 +101,35 @@ def test_the_trial_chosen_to_wait_for_a_worker_keeps_every_worker_busy(synch):
     assert scheduler.choose_trial_to_run(controller) is fresh[-1]
 
 
+def test_trials_whose_workers_are_starting_are_not_waited_for(ray_session):
+    # A trial two intervals ahead pauses while another waits; trials that have not run yet and fit the cluster
+    # beside it are starting their workers: pausing would hand its worker to one of them and stop that start.
+    from ray.tune.execution.placement_groups import PlacementGroupFactory
+    from ray.tune.experiment import Trial
+
+    setup = pbt_setup(DigitsTrainable, metric="accuracy", mode="max", perturbation_interval=2,
+                      mutations={"lr": [0.1, 0.2]})
+    scheduler = setup.scheduler
+    scheduler.set_search_properties(setup.metric, setup.mode)
+    slots = int(ray.cluster_resources()["CPU"])
+    trials = [Trial("__fake", config={"lr": 0.1}, checkpoint_config=setup.checkpoint_config, stub=True)
+              for _ in range(slots + 1)]
+    controller = _Trials(trials[:slots])
+    for trial in trials:
+        trial.placement_group_factory = PlacementGroupFactory([{"CPU": 1}])
+        scheduler.on_trial_add(controller, trial)
+    ahead = trials[0]
+    ahead.set_status(Trial.RUNNING)
+    assert scheduler._action(controller, ahead, 4) == "continue"  # the others fit: their workers start
+    controller.trials = trials  # one more than fits: it waits for a worker, the trial ahead pauses
+    assert scheduler._action(controller, ahead, 4) == "pause"
+    assert scheduler._action(controller, ahead, 3) == "continue"  # less than two intervals ahead
+    controller.trials = trials[:slots]
+    trials[1].set_status(Trial.PAUSED)  # a paused trial waits, whatever fits
+    scheduler._trial_state[trials[1]].last_train_time = 2
+    assert scheduler._action(controller, ahead, 4) == "pause"
+
+
 def test_toy_problem_of_the_pbt_paper(ray_session, storage):
     # Time-shared on one slot, the population's path follows from iteration counts, not timing.
     with_pbt = run_toy_problem(str(storage), pbt=True, one_slot=True, seed=0)
