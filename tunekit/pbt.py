@@ -82,16 +82,17 @@ class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
     perturbation intervals ahead of the slowest other live trial; otherwise
     it continues. A trial whose peers have run and wait waits for them, as
     PBT needs (one interval of slack, because resuming a paused trial can
-    take Ray seconds); peers that have not run and fit the cluster beside it
-    are starting their workers and are not waited for (see
-    :meth:`choose_trial_to_run` for the workers). A population larger than the cluster still
-    time-shares it, each trial holding its slot for two intervals instead of
-    one: half the pause/resume cycles of Ray's rule. Measured here (8 trials
-    on 2 CPUs, 64 iterations of 60 steps, perturbation every 2): 1.04x,
-    1.07x, 1.04x the sweep without a scheduler, every run on both workers
-    (1.80x, 1.23x, 1.55x before the workers were kept busy); the paper's toy problem time-shared on one slot reached
-    Q = 1.2 in every run, against 1 run in 3 with a pause at every
-    perturbation (``benchmarks/README.md``).
+    take Ray seconds); peers that have not run and fit the cluster beside
+    it are starting their workers and are not waited for (see
+    :meth:`choose_trial_to_run` for the workers). A population larger than
+    the cluster still time-shares it, each trial holding its slot for two
+    intervals instead of one: half the pause/resume cycles of Ray's rule.
+    Measured here (8 trials on 2 CPUs, 64 iterations of 60 steps,
+    perturbation every 2): 1.04x, 1.07x, 1.04x the sweep without a
+    scheduler, every run on both workers (1.80x, 1.23x, 1.55x before the
+    workers were kept busy); the paper's toy problem time-shared on one
+    slot reached Q = 1.2 in every run, against 1 run in 3 with a pause at
+    every perturbation (``benchmarks/README.md``).
 
     A trial that goes on running and is told to clone a donor does so in its
     own worker (``in_place_exploits``, on by default for tunekit trainables):
@@ -203,7 +204,6 @@ class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
         finally:
             self._handling = None
 
-
     @override
     def choose_trial_to_run(self, tune_controller: Any) -> Trial | None:
         """Ray's choice (the waiting trial with the least progress), and a second waiting trial staged early.
@@ -235,7 +235,7 @@ class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
         paused = [t for t in trials if t.status == Trial.PAUSED]
         if paused and waiting < sum(t.status == Trial.RUNNING for t in trials):
             return min(paused, key=self.last_scored_time)
-        if paused and not self.last_scored_time(first):  # not run yet: the last to ask for a worker, not one that starts
+        if paused and not self.last_scored_time(first):  # not run: the last to ask for a worker, not a starting one
             return [t for t in trials if t.status == Trial.PENDING and not self.last_scored_time(t)][-1]
         return first
 
