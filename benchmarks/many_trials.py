@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from ray import tune  # noqa: E402
 
-from pbt import PHASES_ENV, WORKERS, clear_phases, fit_and_read_phases, timed, worker_time_ms  # noqa: E402
+from pbt import PHASES_ENV, clear_phases, fit_and_read_phases, timed, worker_time_ms, workers_trained  # noqa: E402
 from tunekit import FunctionSession, TorchTrainable, TrainingState, function_trainable  # noqa: E402
 
 VARIANTS = ("plain", "class", "function", "class+callbacks")
@@ -155,14 +155,6 @@ def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: in
         ),
     )
     return fit_and_read_phases(tuner, name, phases_dir)
-
-
-def _workers(phases: dict[str, list[float]]) -> str:
-    """How many worker processes trained, and their steps: Tune hands a finished trial's worker to the next
-    trial, whose own worker, if it was starting, is stopped; with trials shorter than a worker's start, one
-    worker can run the whole sweep (``benchmarks/README.md``)."""
-    steps = sorted(phases.get(WORKERS, []), reverse=True)
-    return f"{len(steps)} worker(s) trained ({'/'.join(f'{s:.0f}' for s in steps)} steps)"
 
 
 def _time_command(args: list[str], runs: int = 3) -> str:
@@ -286,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                 wall, phases = _sweep(root, name, variant, trials=args.trials, iterations=args.iterations,
                                       phases_dir=phases_dir, scheduler=args.scheduler)
                 every[variant].append(wall)
-                print(f"  {variant:16s} run {repeat + 1}: {wall:7.1f} s, {_workers(phases)}", flush=True)
+                print(f"  {variant:16s} run {repeat + 1}: {wall:7.1f} s, {workers_trained(phases)}", flush=True)
                 if wall < walls.get(variant, float("inf")):
                     walls[variant], logs[variant] = wall, phases
     finally:
@@ -296,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"peak-rss-kib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}")
         print(f"wall-s {every[variants[0]][0]}")
-        print(f"workers {_workers(logs[variants[0]])}")
+        print(f"workers {workers_trained(logs[variants[0]])}")
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
         return 0
@@ -321,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     for v in variants:
         spent = worker_time_ms(logs[v]) / 1e3
         print(f"  {v}: workers spent {spent:.1f} s in these calls over {cpus} CPUs; the rest of {walls[v]:.1f} s "
-              f"is Ray's (scheduling, the driver, callbacks); {_workers(logs[v])}")
+              f"is Ray's (scheduling, the driver, callbacks); {workers_trained(logs[v])}")
     if "class" in variants:
         experiment = os.path.join(root, f"class-{args.repeats - 1}")
         print(f"\nreaders on the class experiment ({args.trials} trials), best of 3:")

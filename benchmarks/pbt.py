@@ -176,13 +176,20 @@ def worker_time_ms(phases: dict[str, list[float]]) -> float:
     return sum(sum(v) for k, v in phases.items() if k != WORKERS)
 
 
+def workers_trained(phases: dict[str, list[float]]) -> str:
+    """How many worker processes trained, and their steps: Tune hands a finished or pausing trial's worker to
+    the trial it runs next and stops that one's own worker if it was starting; with trials or iterations
+    shorter than a worker's start, one worker can run the whole sweep (``benchmarks/README.md``)."""
+    steps = sorted(phases.get(WORKERS, []), reverse=True)
+    return f"{len(steps)} worker(s) trained ({'/'.join(f'{s:.0f}' for s in steps)} steps)"
+
+
 def _describe(phases: dict[str, list[float]]) -> str:
     parts = []
     for phase in ("save", "save (nothing new)", "reset", "restore", "stop", "first step after", "step"):
         if phases.get(phase):
             parts.append(f"{phase} {len(phases[phase])}x {statistics.median(phases[phase]):.1f} ms")
-    workers = sorted(phases.get(WORKERS, []), reverse=True)
-    return ", ".join(parts) + f"; {len(workers)} worker(s) trained ({'/'.join(f'{w:.0f}' for w in workers)} steps)"
+    return ", ".join(parts) + f"; {workers_trained(phases)}"
 
 
 def _trainable_extra_s(pbt: dict[str, list[float]], none: dict[str, list[float]]) -> float:
