@@ -90,17 +90,20 @@ def dump_trainer(trainer: Any) -> dict[str, Any]:
     scaler = getattr(getattr(trainer, "accelerator", None), "scaler", None)
     if scaler is not None:
         contents["scaler"] = scaler.state_dict()
-    if all(hasattr(trainer, name) for name in _RUNNING):
-        # The Trainer's running sums since its last log (not in its own checkpoints: a run it
-        # resumes mid-way logs a different average loss); tunekit keeps them, so what is
-        # reported after a resume is what the uninterrupted run reports.
-        contents["running"] = {name: (value.detach().clone() if isinstance(value, torch.Tensor) else value)
-                               for name in _RUNNING for value in [getattr(trainer, name)]}
+    # The Trainer's running sums since its last log (not in its own checkpoints: a run it resumes
+    # mid-way logs a different average loss); tunekit keeps those this Trainer has, so what is
+    # reported after a resume is what the uninterrupted run reports.
+    contents["running"] = {name: (value.detach().clone() if isinstance(value, torch.Tensor) else value)
+                           for name in (*_RUNNING, *_RUNNING_NEWER) if hasattr(trainer, name)
+                           for value in [getattr(trainer, name)]}
     return contents
 
 
-#: The Trainer's private running sums kept in a checkpoint (tests/integrations checks they exist).
-_RUNNING = ("_tr_loss", "_total_loss_scalar", "_globalstep_last_logged", "_initial_global_step", "current_flos")
+#: The Trainer's private running sums kept in a checkpoint (tests/integrations checks they exist), and
+#: those only newer Trainers have (transformers 5.17 has no ``_initial_global_step``; requiring it kept
+#: none of the sums there, and a resumed run logged another average loss, seen on an H100).
+_RUNNING = ("_tr_loss", "_total_loss_scalar", "_globalstep_last_logged", "current_flos")
+_RUNNING_NEWER = ("_initial_global_step",)
 
 
 def _restore_running(trainer: Any, running: Mapping[str, Any]) -> None:

@@ -74,24 +74,41 @@ def shard_stager(kept: Any = None) -> Any:
     (the default stager is made anew for each save, its buffers too: 0.6 s for 450 MB a rank, measured);
     pinned and non-blocking only where a GPU is. One write in flight at a time (the buffers are reused).
 
-    ``kept``: the stager of the previous save, returned if it can stage again, else a new one is. torch 2.11
-    closes a ``DefaultStager`` at the end of each stage (pytorch/pytorch#183413: the next ``async_save``
-    with it raised ``KeyError: <class 'type'>``, seen on a GPU); a stage of a one-key dict tells."""
+    ``kept``: the stager of the previous save, returned if this torch's stagers stage more than once, else a
+    new one is. torch 2.11 closes a ``DefaultStager`` at the end of each stage (pytorch/pytorch#183413: the
+    next ``async_save`` with it raised ``KeyError: <class 'type'>``, seen on a GPU). Which torch this is, a
+    throwaway stager tells, once per process: the kept one is never staged to find out (that closed it)."""
     import torch
 
     try:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
     except ImportError:  # a torch without DCP's DefaultStager: async_save stages by itself, each save anew
         return None
-    if kept is not None:
-        try:
-            kept.stage({"probe": int})
-            return kept
-        except Exception:  # closed: its buffers are gone with it
-            pass
+    if kept is not None and _stages_again(DefaultStager, StagingOptions):
+        return kept
     gpu = torch.cuda.is_available()
     return DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False, use_async_staging=False,
                                         use_non_blocking_copy=gpu))
+
+
+#: Whether a DefaultStager stages again after a stage, per ``DefaultStager._stage`` (the answer of this torch).
+_STAGES_AGAIN: dict[Any, bool] = {}
+
+
+def _stages_again(stager_class: Any, options: Any) -> bool:
+    key = getattr(stager_class, "_stage", stager_class)
+    if key not in _STAGES_AGAIN:
+        probe = stager_class(options(use_pinned_memory=False, use_shared_memory=False, use_async_staging=False,
+                                     use_non_blocking_copy=False))
+        try:
+            probe.stage({"probe": 1})
+            probe.stage({"probe": 1})
+            _STAGES_AGAIN[key] = True
+        except Exception:  # closed by its first stage
+            _STAGES_AGAIN[key] = False
+        finally:
+            probe.close()
+    return _STAGES_AGAIN[key]
 
 
 def write_parts(state: TrainingState, directory: str, *, rank: int, world_size: int, sharded: bool,
