@@ -89,9 +89,13 @@ def loop(config: dict[str, Any]) -> None:
     seed_everything(config["seed"])
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)).to(device)
     if config["mode"] == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        net = fully_shard(model)
+        # On CPU workers the mesh is said: by default FSDP2 takes the machine's GPU type and sets device
+        # <rank> (on a one-GPU machine, rank 1 failed: "invalid device ordinal", seen on an H100)
+        mesh = init_device_mesh(device.type, (ray.train.get_context().get_world_size(),))
+        net = fully_shard(model, mesh=mesh)
     else:
         net = ray.train.torch.prepare_model(model, move_to_device=device.type == "cuda")
     opt = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
