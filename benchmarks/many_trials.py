@@ -25,6 +25,7 @@ Usage::
     python benchmarks/many_trials.py --trials 100 --repeats 3
     python benchmarks/many_trials.py --driver-memory 100,2000 --variants plain,class+callbacks --repeats 3
     python benchmarks/many_trials.py --trials 2000 --fresh --repeats 3   # a driver process per sweep
+    python benchmarks/many_trials.py --trials 2000 --fresh --repeats 3 --scheduler busy   # tunekit.schedulers
 """
 
 from __future__ import annotations
@@ -142,12 +143,15 @@ def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: in
     callbacks = [ParquetLogger(), ProgressPrinter("loss", stream=open(os.devnull, "w")),
                  KeepCheckpoints(trial_latest=1, experiment_best=5, metric="loss", mode="min")] \
         if variant == "class+callbacks" else []
-    asha = ASHAScheduler(metric="loss", mode="min", max_t=iterations, grace_period=1, reduction_factor=2) \
-        if scheduler == "asha" else None
+    from tunekit.schedulers import ASHAKeepWorkersBusy, FIFOKeepWorkersBusy
+
+    asha = dict(metric="loss", mode="min", max_t=iterations, grace_period=1, reduction_factor=2)
+    chosen = {"fifo": None, "busy": FIFOKeepWorkersBusy(), "asha": ASHAScheduler(**asha),
+              "asha-busy": ASHAKeepWorkersBusy(**asha)}[scheduler]
     tuner = tune.Tuner(
         _trainable(variant),
         param_space={"lr": tune.uniform(0.001, 0.1), "seed": tune.randint(0, 1_000_000)},
-        tune_config=tune.TuneConfig(num_samples=trials, reuse_actors=True, scheduler=asha),
+        tune_config=tune.TuneConfig(num_samples=trials, reuse_actors=True, scheduler=chosen),
         run_config=tune.RunConfig(
             name=name, storage_path=storage, stop={"training_iteration": iterations}, verbose=0,
             callbacks=callbacks,
@@ -233,8 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--repeats", type=int, default=1, help="run each sweep N times, interleaved; each shown")
-    parser.add_argument("--scheduler", choices=("fifo", "asha"), default="fifo",
-                        help="asha: ASHA early stopping (grace 1, reduction 2) over the trials")
+    parser.add_argument("--scheduler", choices=("fifo", "busy", "asha", "asha-busy"), default="fifo",
+                        help="fifo: Ray's default; asha: ASHA early stopping (grace 1, reduction 2) over the "
+                             "trials; busy, asha-busy: the same as tunekit.schedulers' FIFOKeepWorkersBusy and "
+                             "ASHAKeepWorkersBusy (every variant, plain too)")
     parser.add_argument("--driver-memory", metavar="N,M",
                         help="instead: each variant's driver peak RSS at N and at M trials (a fresh driver "
                              "process per sweep), and tunekit's growth against plain's per 1,000 trials")

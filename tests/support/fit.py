@@ -45,3 +45,15 @@ def tunekit_rows(result: Any) -> Any:
     where = Storage(result.filesystem, experiment, experiment)
     rows = from_parquet(where, parquet_parts(where), dedupe=False)
     return rows[rows["trial_id"] == result.metrics["trial_id"]]
+
+
+class ControllerTrials:
+    """What a scheduler sees of Tune's controller when it adds trials and chooses one to run."""
+
+    search_alg = None
+
+    def __init__(self, trials):
+        self.trials = trials
+
+    def get_trials(self):
+        return self.trials

@@ -7,6 +7,7 @@ import ray
 from ray import tune
 
 from tests.support.contract import DyingDigits, DyingTrainDigits
+from tests.support.fit import ControllerTrials
 from tunekit import ConfigError, verify_checkpoint
 from tunekit.pbt import pbt_setup
 from tunekit.trainables import DigitsTrainable
@@ -40,18 +41,6 @@ def test_setup_aligns_checkpoints_with_perturbations():
                                           "reuse_actors": True}
 
 
-class _Trials:
-    """What a scheduler sees of Tune's controller when it adds trials and chooses one to run."""
-
-    search_alg = None
-
-    def __init__(self, trials):
-        self.trials = trials
-
-    def get_trials(self):
-        return self.trials
-
-
 @pytest.mark.parametrize("synch", [False, True], ids=["async", "synch"])
 def test_the_trial_chosen_to_wait_for_a_worker_keeps_every_worker_busy(synch):
     # Tune keeps a pausing trial's worker only while a chosen trial waits for one: with one waiting and
@@ -65,7 +54,7 @@ def test_the_trial_chosen_to_wait_for_a_worker_keeps_every_worker_busy(synch):
     scheduler.set_search_properties(setup.metric, setup.mode)  # what Tune does with tune_config_kwargs()
     trials = [Trial("__fake", config={"lr": 0.1}, checkpoint_config=setup.checkpoint_config, stub=True)
               for _ in range(6)]
-    controller = _Trials(trials)
+    controller = ControllerTrials(trials)
     for trial in trials:
         scheduler.on_trial_add(controller, trial)
     running, waiting, paused_ahead, paused, paused_behind = trials[0:2], trials[2], trials[3], trials[4], trials[5]
@@ -114,7 +103,7 @@ def test_trials_whose_workers_are_starting_are_not_waited_for(ray_session):
     slots = int(ray.cluster_resources()["CPU"])
     trials = [Trial("__fake", config={"lr": 0.1}, checkpoint_config=setup.checkpoint_config, stub=True)
               for _ in range(slots + 1)]
-    controller = _Trials(trials[:slots])
+    controller = ControllerTrials(trials[:slots])
     for trial in trials:
         trial.placement_group_factory = PlacementGroupFactory([{"CPU": 1}])
         scheduler.on_trial_add(controller, trial)

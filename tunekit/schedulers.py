@@ -1,0 +1,61 @@
+"""Schedulers that keep every worker busy when trials are shorter than a worker's start.
+
+With ``reuse_actors=True`` Ray Tune hands the worker of a trial that ends to
+the trial its scheduler chooses to run next. Ray's FIFO choice (ASHA's too) is
+the first waiting trial, and that is the one whose own worker is already
+starting on the free CPU: Tune stops that start ("Removing ORIGINAL ACTOR" in
+its debug log) and the next waiting trial's worker starts in its place. When
+every trial ends before a worker has started (1-3 s), the sweep runs on one
+worker to its end, every other CPU starting workers that never train. Seen on
+this project's benchmark (400 and 2,000 trials of 4 short iterations, 2 CPUs):
+one worker trained all 1,600 steps of a sweep while five processes started and
+were stopped, a sweep 1.5x its length on two workers; for the plain trainable
+and tunekit's alike, in about a third of the sweeps.
+
+The schedulers here choose the waiting trial that asked for a worker *last*
+(the newest one; Tune asks in trial order and the first ones get the CPUs), so a
+worker that comes free goes to a trial whose start has not begun and the
+starting workers go on starting. Nothing else changes: which trials run, their
+configs, stopping and early stopping are Ray's. Trials start in another order
+within Tune's window of waiting trials (a few more than the CPUs).
+
+    from tunekit.schedulers import FIFOKeepWorkersBusy
+
+    tune.Tuner(trainable, tune_config=tune.TuneConfig(
+        num_samples=2000, reuse_actors=True, scheduler=FIFOKeepWorkersBusy()), ...)
+
+``ASHAKeepWorkersBusy`` takes ``ASHAScheduler``'s arguments; ``KeepWorkersBusy``
+goes first in the bases of any other scheduler whose waiting trials are
+interchangeable. (``pbt_setup``'s PBT scheduler does the same for PBT, with
+paused trials to weigh.) Tested in ``tests/tunekit/test_schedulers.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+__all__ = ["ASHAKeepWorkersBusy", "FIFOKeepWorkersBusy", "KeepWorkersBusy"]
+
+
+class KeepWorkersBusy:
+    """Mixin (first base): of the waiting trials, the newest is chosen to run (see the module docstring)."""
+
+    def choose_trial_to_run(self, tune_controller: Any) -> Trial | None:
+        first = super().choose_trial_to_run(tune_controller)  # type: ignore[misc]
+        if first is None or first.status != Trial.PENDING:
+            return first
+        for trial in reversed(tune_controller.get_trials()):  # the waiting trials are the newest ones
+            if trial.status == Trial.PENDING:
+                return trial
+        return first
+
+
+class FIFOKeepWorkersBusy(KeepWorkersBusy, FIFOScheduler):
+    """Ray's default scheduler (``FIFOScheduler``), each free worker handed to a trial not already starting one."""
+
+
+class ASHAKeepWorkersBusy(KeepWorkersBusy, ASHAScheduler):
+    """``ASHAScheduler`` (same arguments), each free worker handed to a trial not already starting one."""
