@@ -210,9 +210,12 @@ def test_resume_of_a_killed_quickstart_needs_no_trainable_and_keeps_damaged_chec
     exp = resolve_storage(base).join("qs")
     before = read_experiment(exp.uri)
     assert not all(t.status == "TERMINATED" for t in before.trials)
-    trial = max(before.trials, key=lambda t: sum(c.iteration is not None for c in t.checkpoints))
-    # (a kill during an upload leaves a checkpoint without its metadata: iteration None, passed over too)
-    whole = [c for c in trial.checkpoints if c.iteration is not None]
+    # (a kill during an upload leaves a checkpoint without its metadata, iteration None, or with it and
+    # without its state.pt (seen on S3): only checkpoints that verify are candidates)
+    whole_of = {t.name: [c for c in t.checkpoints if c.iteration is not None
+                         and verify_checkpoint(exp.join(t.name, c.name).uri).ok] for t in before.trials}
+    trial = max(before.trials, key=lambda t: len(whole_of[t.name]))
+    whole = whole_of[trial.name]
     assert len(whole) >= 2, [t.checkpoints for t in before.trials]
     newest, older = sorted(whole, key=lambda c: (c.iteration, c.name), reverse=True)[:2]
     # (both may hold one iteration, hard links of one save: damage the newest's own copy)
