@@ -82,6 +82,7 @@ class KeepCheckpoints(TunekitCallback):
         if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0):
             raise ConfigError(f"KeepCheckpoints(max_bytes={max_bytes!r}): expected a whole number of bytes > 0")
         self.max_bytes = max_bytes
+        self._own_policy = dataclasses.replace(self.policy, experiment_best=None)  # a trial's own selections
         self._scheduler: Any = None
         self._forget_settled()
         self._order: dict[str, int] = {}
@@ -106,7 +107,8 @@ class KeepCheckpoints(TunekitCallback):
         #: name, whether its trials are multi-worker.
         self._targets: dict[str, str] = {}
         self._multi: dict[str, bool] = {}
-        #: Trials Tune has queued, not started, with nothing registered: walked once they start.
+        #: Trials Tune has queued, not started, with nothing registered: walked once they start (a search queues
+        #: hundreds ahead of the CPUs).
         self._waiting: dict[str, Trial] = {}
         self._known = 0
 
@@ -121,6 +123,13 @@ class KeepCheckpoints(TunekitCallback):
                       **info: Any) -> None:
         # Ray registers ``checkpoint`` after this call: until it is whole, the trial's newest stays.
         self._apply(trials, new=(trial, checkpoint))
+
+    @override
+    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        super().on_trial_start(iteration, trials, trial, **info)
+        waiting = self._waiting.pop(trial.trial_id, None)  # (not a walk over the waiting trials each time)
+        if waiting is not None:
+            self._open[trial.trial_id] = waiting
 
     @override
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
@@ -190,19 +199,17 @@ class KeepCheckpoints(TunekitCallback):
         for k, trial in enumerate(trials[self._known:], start=self._known):
             self._order[trial.trial_id] = k
             if trial.status == Trial.PENDING and trial.checkpoint is None:
-                self._waiting[trial.trial_id] = trial  # (a search queues trials far ahead of the CPUs)
+                self._waiting[trial.trial_id] = trial
             else:
                 self._open[trial.trial_id] = trial
         self._known = len(trials)
-        for tid, trial in list(self._waiting.items()):
-            if trial.status != Trial.PENDING:
-                del self._waiting[tid]
-                self._open[tid] = trial
+        if new is not None and new[0].trial_id in self._waiting:  # (started: ``on_trial_start`` moves it first)
+            self._open[new[0].trial_id] = self._waiting.pop(new[0].trial_id)
         return list(self._open.values())
 
     def _settle(self, open_trials: list[Trial], by_trial: dict[str, list[CheckpointSummary]],
                 complete: dict[str, list[CheckpointSummary]], doomed: set[str]) -> None:
-        own = dataclasses.replace(self.policy, experiment_best=None)
+        own = self._own_policy
         for trial in open_trials:
             tid = trial.trial_id
             if trial.status != Trial.TERMINATED or len(complete[tid]) != len(by_trial[tid]):
@@ -357,6 +364,7 @@ class KeepCheckpoints(TunekitCallback):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._own_policy = dataclasses.replace(self.policy, experiment_best=None)  # (a tuner.pkl written before it was kept)
         self._forget_settled()
 
     @override

@@ -39,13 +39,24 @@ def _init_ray(**kwargs):
     )
 
 
+def _init_ray_at_root(**kwargs):
+    """Ray started from the repository root, whatever the current directory: its workers import tests.*
+    (a trainable run in this process may have moved the directory into a trial directory)."""
+    cwd = os.getcwd()
+    os.chdir(Path(__file__).resolve().parent.parent)
+    try:
+        return _init_ray(**kwargs)
+    finally:
+        os.chdir(cwd)
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     """One local Ray (2 CPUs, dashboard off) shared by every test that needs Ray."""
     import ray
 
     if not ray.is_initialized():
-        _init_ray()
+        _init_ray_at_root()
     yield
     ray.shutdown()
 
@@ -61,21 +72,11 @@ def fresh_ray() -> Iterator[object]:
     was_running = ray.is_initialized()
     if was_running:
         ray.shutdown()
-    cwd = os.getcwd()  # (a trainable run in this process may have moved it into a trial directory)
-    os.chdir(Path(__file__).resolve().parent.parent)  # its workers start here: they import tests.*
-    try:
-        info = _init_ray()
-    finally:
-        os.chdir(cwd)
+    info = _init_ray_at_root()
     yield info
     ray.shutdown()
-    if was_running:  # from the repository root too: the shared Ray's workers import tests.* as well
-        cwd = os.getcwd()
-        os.chdir(Path(__file__).resolve().parent.parent)
-        try:
-            _init_ray()
-        finally:
-            os.chdir(cwd)
+    if was_running:  # the shared one back
+        _init_ray_at_root()
 
 
 @pytest.fixture
@@ -86,11 +87,11 @@ def ray_with_logical_gpus() -> Iterator[None]:
     was_running = ray.is_initialized()
     if was_running:
         ray.shutdown()
-    _init_ray(num_gpus=1)
+    _init_ray_at_root(num_gpus=1)
     yield
     ray.shutdown()
     if was_running:
-        _init_ray()
+        _init_ray_at_root()
 
 
 @dataclass
@@ -124,7 +125,7 @@ def ray_cluster() -> Iterator[RayCluster]:
         ray.shutdown()
         cluster.shutdown()
         if was_running:
-            _init_ray()
+            _init_ray_at_root()
 
 
 @pytest.fixture

@@ -55,6 +55,10 @@ VERSION = 1
 INTERVAL_S = 1.0
 #: The record is rewritten at least this often while its driver runs, changed or not: its heartbeat.
 HEARTBEAT_S = 60.0
+#: Statuses Tune does not change again in a run (a trial it retries goes back to PENDING, never to ERROR first).
+_ENDED = ("TERMINATED", "ERROR")
+#: Where the trials' entries go in the record's text (encoded apart, each once).
+_TRIALS_SLOT = "\0trials"
 #: Writes the records of running experiments, one at a time, so that the driver never waits for an fsync.
 _WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-record")
 
@@ -171,8 +175,11 @@ class ExperimentRecorder:
         #: The run's constants (trainable, checkpoint config: read once) and each trial's entry with what it
         #: was built from (rebuilt when that changed: the record is rewritten every second of a long sweep).
         self._constants: tuple[str | None, dict[str, Any] | None] | None = None
-        self._entries: dict[str, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
+        #: trial id -> (config, (status, iteration, checkpoint path), JSON text, ended, checkpoint object)
+        self._entries: dict[str, tuple[Any, tuple[Any, ...], str, bool, Any]] = {}
         self._writing: Future | None = None  # the write in flight, on the helper thread
+        #: id(callback) -> the info it last described itself with (each step's call after the first: a lookup)
+        self.seen: dict[int, Any] = {}
 
     def describe_callback(self, callback: Any) -> None:
         name = f"{type(callback).__module__}:{type(callback).__qualname__}"
@@ -185,7 +192,10 @@ class ExperimentRecorder:
             self.metric = metric
             self.mode = mode if mode in ("max", "min") else self.mode
 
-    def build(self) -> dict[str, Any] | None:
+    def text(self, *, recheck: bool = False) -> str | None:
+        """The record as JSON text (None before the run has trials). Each trial's entry is encoded once and
+        again only when what it was built from changed; an ended trial's entry is checked by its status and
+        checkpoint alone (what can still change once Tune has ended it), all of it with ``recheck``."""
         trials = list(self.trials)
         if not trials:
             return None
@@ -194,7 +204,7 @@ class ExperimentRecorder:
         if self._constants is None:
             self._constants = (_trainable_spec(first), _checkpoint_config(first))
         interrupted = set(self.interrupted)
-        return {
+        head = json.dumps({
             "format": FORMAT,
             "version": VERSION,
             "name": posixpath.basename(posixpath.dirname(first.path)),
@@ -208,23 +218,30 @@ class ExperimentRecorder:
             "checkpoint_config": self._constants[1],
             "scheduler": self.scheduler,
             "callbacks": [{"class": k, "kwargs": v} for k, v in sorted(self.callbacks.items())],
-            "trials": [self._trial(t, interrupted) for t in trials],
+            "trials": _TRIALS_SLOT,
             "driver": {"host": socket.gethostname(), "pid": os.getpid()},
             "ended": self.ended,
             "interrupted": self.interrupted,
-        }
+        }, sort_keys=True)
+        before, _, after = head.rpartition(json.dumps(_TRIALS_SLOT))  # ("trials" is the last key but "version")
+        entries = ", ".join([self._trial(t, interrupted, recheck) for t in trials])
+        return f"{before}[{entries}]{after}"
 
-    def _trial(self, trial: Any, interrupted: set[str]) -> dict[str, Any]:
+    def _trial(self, trial: Any, interrupted: set[str], recheck: bool) -> str:
+        status = trial.status
+        checkpoint = trial.checkpoint
+        known = self._entries.get(trial.trial_id)
+        if known is not None and known[3] and not recheck and known[1][0] == status and known[4] is checkpoint:
+            return known[2]  # (ended: its config and iteration are final; KeepCheckpoints may still forget)
         iteration = (trial.last_result or {}).get("training_iteration")
         # Tune marks the trials it stops because the run stops TERMINATED; they did not finish.
-        status = "INTERRUPTED" if trial.trial_id in interrupted else trial.status
-        checkpoint = trial.checkpoint
+        if trial.trial_id in interrupted:
+            status = "INTERRUPTED"
         # (not the trial's path: Ray builds it anew on each call, 20 us; a trial keeps its directory)
         made_of = (status, iteration, None if checkpoint is None else checkpoint.path)
-        known = self._entries.get(trial.trial_id)
         if known is not None and known[0] is trial.config and known[1] == made_of:  # (a new config is a new dict)
             return known[2]
-        entry = {
+        text = json.dumps({
             "trial_id": trial.trial_id,
             "dir": posixpath.basename(trial.path),
             "status": status,
@@ -232,19 +249,18 @@ class ExperimentRecorder:
             "iteration": json_safe(iteration),
             "stop": json_safe(getattr(trial, "stopping_criterion", None)),
             "checkpoint": _registered_checkpoint(trial),
-        }
-        self._entries[trial.trial_id] = (trial.config, made_of, entry)
-        return entry
+        }, sort_keys=True)
+        self._entries[trial.trial_id] = (trial.config, made_of, text, status in _ENDED, checkpoint)
+        return text
 
     def flush(self, *, force: bool = False) -> None:
         now = time.monotonic()
         if not force and (now - self._last_write < INTERVAL_S or (self._writing and not self._writing.done())):
             return  # (a write in flight: the next flush writes what changed meanwhile)
         self._last_write = now
-        record = self.build()
-        if record is None:
+        text = self.text(recheck=force)  # (one line: json's C encoder; indented, 5x the time)
+        if text is None:
             return
-        text = json.dumps(record, sort_keys=True)  # (one line: json's C encoder; indented, 5x the time)
         if text == self._last_text and now - self._last_written < HEARTBEAT_S and not force:
             return
         # wall clock, read by other processes and machines (tunekit gc): added to the text, not dumped again
@@ -284,6 +300,11 @@ def observe(owner: Any, trials: list[Any], *, info: dict[str, Any] | None = None
     if entry is None or entry[0].trials is not trials:
         entry = _RUNS[id(trials)] = (ExperimentRecorder(trials), owner)
     recorder, writer = entry
+    if recorder.seen.get(id(owner), recorder) is info and not scheduler:  # (described already, with this info)
+        if writer is owner:
+            recorder.flush(force=force)
+        return recorder
+    recorder.seen[id(owner)] = info
     if info:
         recorder.info.update(info)
     if scheduler:

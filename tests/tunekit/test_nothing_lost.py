@@ -129,6 +129,42 @@ def test_a_worker_killed_inside_a_write_then_handed_a_lagging_index_never_reuses
     assert read_state(result["first"])["counters"]["iteration"] == 2
 
 
+def _reports_after_a_lost_registration(config):
+    """A function trial whose directory holds ``checkpoint_000000`` from an earlier worker whose report Tune
+    never registered (Ray's counter still says -1): it reports two checkpoints of its own through tunekit."""
+    from ray import tune
+
+    from tunekit import _ray
+
+    trial = Path(tune.get_context().get_storage().trial_fs_path)
+    earlier = trial / "checkpoint_000000"
+    earlier.mkdir(parents=True, exist_ok=True)
+    (earlier / "written-by").write_text("the earlier worker")
+    for step in (1, 2):
+        own = trial.parent / f"report-{trial.name}-{step}"
+        own.mkdir(exist_ok=True)
+        (own / "written-by").write_text(f"step {step}")
+        _ray.report_with_checkpoint({"step": step}, str(own))
+
+
+def test_a_reported_checkpoint_never_goes_into_a_directory_an_earlier_worker_wrote(ray_session, tmp_path):
+    """Multi-worker trials report their pointers through Ray's ``tune.report``, which persists into
+    ``checkpoint_<Ray's counter>``; a lagging counter (CI70: a donor's pointer written twice as
+    ``checkpoint_000001``) must not make it write into, and over, a checkpoint directory already there."""
+    from ray import tune
+
+    grid = tune.Tuner(_reports_after_a_lost_registration,
+                      run_config=tune.RunConfig(storage_path=str(tmp_path), name="lag", verbose=0)).fit()
+    assert not grid.errors, grid.errors
+    trial = Path(grid[0].path)
+    assert (trial / "checkpoint_000000" / "written-by").read_text() == "the earlier worker"
+    assert sorted(p.name for p in trial.glob("checkpoint_0*")) == ["checkpoint_000000", "checkpoint_000001",
+                                                                     "checkpoint_000002"]
+    assert Path(grid[0].checkpoint.path).name == "checkpoint_000002"
+    assert (Path(grid[0].checkpoint.path) / "written-by").read_text() == "step 2"
+    assert [p.name for p in trial.glob("checkpoint_000001/*")] == ["written-by"]
+
+
 def test_a_worker_handed_to_a_new_trial_does_not_wait_for_the_previous_trials_write(tmp_path, caplog, monkeypatch):
     """Mechanism 2: ``reset`` (actor reuse) returns while the previous trial's write is still in flight;
     that write completes afterwards, and its failure is logged for that trial, never raised to the new one."""

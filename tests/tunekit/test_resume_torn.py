@@ -198,3 +198,39 @@ def test_gc_keeps_what_resume_needs(killed, tmp_path, capsys):
     assert main(["resume", str(exp)]) == 0
     capsys.readouterr()
     _finished_like(read_experiment(str(exp)), reference)
+
+
+def test_the_record_follows_each_trial_and_encodes_only_what_changed(tmp_path):
+    """The record of a sweep is rewritten every second: each trial's entry is encoded again only when it
+    changed, and an ended trial's only when its checkpoint did (KeepCheckpoints forgets deleted ones)."""
+    from ray import tune
+    from ray.train._internal.checkpoint_manager import _TrainingResult
+    from ray.tune.experiment import Trial
+
+    from tunekit import _ray
+    from tunekit.record import ExperimentRecorder
+
+    storage = _ray.storage_context(str(tmp_path), "exp", "trial")
+    trials = [Trial("__fake", config={"i": i, "name": 'a "quoted" \0 value'}, stub=True, storage=storage)
+              for i in range(3)]
+    recorder = ExperimentRecorder(trials)
+    recorder.info["stop"] = {"note": "\0trials"}  # (the slot the entries go into, in a value before them)
+    first = json.loads(recorder.text())
+    assert [t["config"]["i"] for t in first["trials"]] == [0, 1, 2]
+    assert first["stop"] == {"note": "\0trials"} and first["version"] == 1
+
+    def entry(k):
+        return json.loads(recorder.text())["trials"][k]
+
+    ended = trials[0]
+    ended.set_status(Trial.TERMINATED)
+    checkpoint = tune.Checkpoint(f"{ended.path}/checkpoint_000001")
+    ended.run_metadata.checkpoint_manager.register_checkpoint(
+        _TrainingResult(checkpoint=checkpoint, metrics={"training_iteration": 2}))
+    assert entry(0)["status"] == "TERMINATED" and entry(0)["checkpoint"] == "trial/checkpoint_000001"
+    _ray.forget_checkpoints(ended, {checkpoint.path})  # deleted while the run goes on
+    assert entry(0)["checkpoint"] is None
+    trials[1].set_status(Trial.RUNNING)
+    assert entry(1)["status"] == "RUNNING" and entry(2)["status"] == "PENDING"
+    recorder.interrupted = [trials[1].trial_id]  # (the run's end: every entry checked again)
+    assert json.loads(recorder.text(recheck=True))["trials"][1]["status"] == "INTERRUPTED"

@@ -8,7 +8,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from tests.support.fit import ControllerTrials
-from tunekit.schedulers import ASHAKeepWorkersBusy, FIFOKeepWorkersBusy
+from tunekit.schedulers import ASHAKeepWorkersBusy, FIFOKeepWorkersBusy, KeepWorkersBusy
 
 
 @pytest.mark.parametrize("busy, ray_scheduler", [(FIFOKeepWorkersBusy, FIFOScheduler),
@@ -32,6 +32,26 @@ def test_the_newest_waiting_trial_is_chosen(busy, ray_scheduler):
     assert busy().choose_trial_to_run(controller) is None
     waiting[0].set_status(Trial.PAUSED)  # none waits: Ray's choice stands
     assert busy().choose_trial_to_run(controller) is ray_scheduler().choose_trial_to_run(controller) is waiting[0]
+
+
+class _PausedFirst(FIFOScheduler):
+    """A scheduler whose own choice is not FIFO's: a paused trial before any waiting one."""
+
+    def choose_trial_to_run(self, tune_controller):
+        paused = [t for t in tune_controller.get_trials() if t.status == Trial.PAUSED]
+        return paused[0] if paused else super().choose_trial_to_run(tune_controller)
+
+
+def test_a_base_with_its_own_choice_keeps_it():
+    trials = [Trial("__fake", config={"i": i}, stub=True) for i in range(4)]
+    for trial in trials:
+        trial.set_status(Trial.PENDING)
+    trials[1].set_status(Trial.PAUSED)
+    controller = ControllerTrials(trials)
+    busy = type("Busy", (KeepWorkersBusy, _PausedFirst), {})()
+    assert busy.choose_trial_to_run(controller) is trials[1]  # the base's choice: not a waiting trial
+    trials[1].set_status(Trial.TERMINATED)
+    assert busy.choose_trial_to_run(controller) is trials[3]  # the base runs a waiting trial: the newest
 
 
 def _short(config):

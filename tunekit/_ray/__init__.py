@@ -122,8 +122,10 @@ __all__ = [
     "remove_placement_group",
     "replace_checkpoint",
     "report_checkpoint_dir",
+    "report_with_checkpoint",
     "scheduler_checkpoints",
     "session_report",
+    "session_storage",
     "session_trial_storage",
     "set_aside_stale_train_snapshot",
     "set_iteration",
@@ -183,7 +185,7 @@ def trainable_storage(trainable: tune.Trainable) -> Any:
 
 def session_trial_storage() -> tuple[Any, str]:
     """Inside a Tune trial: ``(pyarrow filesystem, trial directory on it)`` of the trial's storage."""
-    storage = tune.get_context().get_storage()
+    storage = session_storage()
     return storage.storage_filesystem, storage.trial_fs_path
 
 
@@ -231,8 +233,37 @@ def publish_local_checkpoint(trainable: tune.Trainable, directory: str, metrics:
 
 
 def report_checkpoint_dir(trainable: tune.Trainable, directory: str) -> TrainingResult:
-    """Upload a checkpoint directory the way a class trainable's ``save`` does."""
+    """Upload a checkpoint directory the way a class trainable's ``save`` does (into an unused index)."""
+    _skip_used_indexes(trainable_storage(trainable))
     return trainable._report_class_trainable_checkpoint(directory, directory)
+
+
+def report_with_checkpoint(metrics: dict[str, Any], directory: str) -> None:
+    """``tune.report(metrics, checkpoint=directory)`` from a function trial, into an index never used in the
+    trial's directory (Ray persists the checkpoint into ``checkpoint_<its counter>``)."""
+    _skip_used_indexes(session_storage())
+    tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+
+
+def session_storage() -> Any:
+    """Inside a Tune trial: its ``StorageContext`` (the one Ray persists reported checkpoints through)."""
+    return tune.get_context().get_storage()
+
+
+def _skip_used_indexes(storage: Any) -> None:
+    """Ray's next checkpoint index raised above any used in the trial's directory (local storage).
+
+    Ray's counter lags after a worker dies between persisting a checkpoint and
+    the driver registering it (:func:`tunekit._announced.claim_index`): Ray
+    would then write into that directory again, over a checkpoint that may be
+    registered already. Ray adds one to the counter before it persists."""
+    import pyarrow.fs as pafs
+
+    if storage is None or type(storage.storage_filesystem) is not pafs.LocalFileSystem:
+        return
+    from tunekit._announced import claim_index
+
+    storage.current_checkpoint_index = claim_index(storage.trial_fs_path, storage.current_checkpoint_index + 1) - 1
 
 
 def last_reported(trainable: tune.Trainable) -> TrainingResult | None:

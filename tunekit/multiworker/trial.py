@@ -240,6 +240,8 @@ def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesyst
     ``decisions``: the actor through which its workers wait for Tune's decisions (lockstep), else None."""
     from ray import tune
 
+    from tunekit import _ray
+
     outcome: dict[str, BaseException] = {}
 
     def fit() -> None:
@@ -279,7 +281,7 @@ def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesyst
             metrics["checkpoint_path"] = path  # as Ray's TuneReportCallback reports it
             with tempfile.TemporaryDirectory(prefix="tunekit-pointer-") as pointer:
                 write_pointer(pointer, path, name, config, filesystem)
-                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(pointer))
+                _ray.report_with_checkpoint(metrics, pointer)  # (into an index no earlier worker used)
         decide("go")  # Tune has moved on (it saved first if it wanted to): so do the workers
     thread.join()
     stopped = RUN["stopped"]
