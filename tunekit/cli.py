@@ -60,7 +60,17 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from tunekit.verify import CheckpointCheck, verify_experiment
+    from tunekit.verify import CheckpointCheck, checkpoint_at, verify_experiment, verify_one
+
+    checkpoint = checkpoint_at(args.experiment)
+    if checkpoint is not None:  # one checkpoint, not an experiment: its verdict alone
+        status, problems = verify_one(checkpoint)
+        if args.json:
+            print(json.dumps({"checkpoint": args.experiment, "ok": status in ("good", "unverified"),
+                              "status": status, "problems": problems}, indent=1))
+        else:
+            print(f"{args.experiment}: {status}" + (f": {'; '.join(problems)}" if problems else ""))
+        return 0 if status in ("good", "unverified") else 1
 
     width = {"trial": 0}
 
@@ -217,11 +227,11 @@ def _build_parser() -> _Parser:
             "Check every checkpoint of every trial of experiment EXP (a local path or "
             "a URI such as s3://bucket/prefix/exp?endpoint_override=...) and report "
             "good / incomplete / corrupt per checkpoint (unsupported: written by a newer "
-            "tunekit). Exit 0 if all are good, 1 if any is bad or unsupported, 2 if EXP "
-            "is not an experiment."
+            "tunekit); EXP may also be one checkpoint directory, checked alone. Exit 0 if "
+            "all are good, 1 if any is bad or unsupported, 2 if EXP is not an experiment."
         ),
     )
-    verify.add_argument("experiment", metavar="EXP", help="experiment directory or URI")
+    verify.add_argument("experiment", metavar="EXP", help="experiment directory or URI (or one checkpoint's)")
     verify.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     verify.set_defaults(func=_cmd_verify)
 

@@ -17,19 +17,19 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 from tunekit._manifest import NOT_WRITTEN
-from tunekit._trial_dir import STAGING, leftovers
+from tunekit._trial_dir import CHECKPOINT_DIR, STAGING, leftovers
 from tunekit.checkpoint import (
     CheckpointReport,
     is_tunekit_checkpoint,
     read_metadata,
     verify_checkpoint,
 )
-from tunekit.errors import CheckpointError
+from tunekit.errors import CheckpointError, TunekitError
 from tunekit.experiment_dir import POINTER_KEY, find_trials
 from tunekit.storage import Storage, resolve_storage
 
-__all__ = ["CheckpointCheck", "ExperimentCheck", "experiment_file_problems", "result_file_problems",
-           "verify_experiment"]
+__all__ = ["CheckpointCheck", "ExperimentCheck", "checkpoint_at", "experiment_file_problems", "result_file_problems",
+           "verify_experiment", "verify_one"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,30 @@ def _pointer_gone(experiment: Storage, trial: Any, target: Any) -> str | None:
         return None
     return (f"points at the multi-worker checkpoint {target}, which is missing on storage: a PBT clone or a "
             "resume from it cannot start (keep every Train checkpoint a Tune checkpoint points at)")
+
+
+def checkpoint_at(location: str) -> Storage | None:
+    """``location`` when it is one checkpoint directory (holding a tunekit file, or named ``checkpoint_N``):
+    what ``tunekit verify`` checks alone; None otherwise (an experiment, or nothing there)."""
+    try:
+        where = resolve_storage(location)
+        if where.filesystem.get_file_info(where.path).type != pafs.FileType.Directory:
+            return None
+        named = CHECKPOINT_DIR.match(posixpath.basename(where.path.rstrip("/")))
+        return where if named or is_tunekit_checkpoint(where) else None
+    except (TunekitError, OSError, ValueError):  # (not storage tunekit can read: verify_experiment says why)
+        return None
+
+
+def verify_one(checkpoint: Storage) -> tuple[str, list[str]]:
+    """The verdict on one checkpoint directory, as :func:`verify_experiment` gives it for each: ``unverified``
+    for another writer's (files, none of them tunekit's), ``incomplete`` for an empty one."""
+    if not is_tunekit_checkpoint(checkpoint):
+        if checkpoint.filesystem.get_file_info(pafs.FileSelector(checkpoint.path)):
+            return "unverified", ["no tunekit file: another writer's checkpoint"]
+        return "incomplete", ["directory is empty (announced, never written, or its writer died)"]
+    report = verify_checkpoint(checkpoint)
+    return report.status, list(report.problems)
 
 
 def verify_experiment(

@@ -56,6 +56,13 @@ def test_verify_reports_every_checkpoint_and_exit_codes(ray_session, base, capsy
     bad = [line for line in lines if "good" not in line.split()[-1:] and "checkpoint_" in line]
     assert any(first.name in l and "checkpoint_000001" in l and "corrupt: state.pt: XXH3-128 differs" in l for l in bad)
     assert any(second.name in l and "checkpoint_000000" in l and "incomplete: no manifest.json" in l for l in bad)
+    # one checkpoint directory (a path or a URI) is checked alone: one line, the same exit codes
+    for name, verdict, code in [("checkpoint_000001", "corrupt: state.pt: XXH3-128 differs", 1),
+                                ("checkpoint_000002", "good", 0)]:
+        one = _experiment(base, f"exp/{first.name}/{name}")
+        assert main(["verify", one]) == code
+        out = capsys.readouterr().out.splitlines()
+        assert len(out) == 1 and out[0].startswith(f"{one}: {verdict}"), out
 
     assert main(["verify", exp, "--json"]) == 1
     payload = json.loads(capsys.readouterr().out)
@@ -80,6 +87,18 @@ def test_verify_refuses_what_is_not_an_experiment(make, storage, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(target) in err
     assert ("no such experiment directory" if make == "missing" else "not a Ray Tune experiment") in err
+
+
+def test_verify_of_one_checkpoint_directory_tunekit_did_not_write(storage, capsys):
+    one = storage / "trial" / "checkpoint_000004"
+    one.mkdir(parents=True)
+    assert main(["verify", str(one)]) == 1  # announced, never written: as an experiment's verify says
+    assert capsys.readouterr().out.strip() == f"{one}: incomplete: directory is empty (announced, never " \
+                                              "written, or its writer died)"
+    (one / "weights.txt").write_text("0")
+    assert main(["verify", str(one), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"checkpoint": str(one), "ok": True, "status": "unverified",
+                                                   "problems": ["no tunekit file: another writer's checkpoint"]}
 
 
 def test_verify_missing_prefix_on_s3_is_not_an_experiment(s3_bucket, capsys):
