@@ -15,7 +15,7 @@ from ray import tune
 from tests.support.faults import flip_byte
 from tests.tunekit.multiworker_loops import loop
 from tunekit._manifest import verify_directory
-from tunekit.checkpoint import verify_checkpoint, write_checkpoint
+from tunekit.checkpoint import read_metadata, verify_checkpoint, write_checkpoint
 from tunekit.cli import main
 from tunekit.multiworker import train_trial
 
@@ -261,9 +261,15 @@ def test_pbt_clones_a_donor_sharded_checkpoint_with_the_mutated_rate_in_effect(f
         assert target is not None and target.startswith(str(Path(result.path) / "train"))
         assert verify_checkpoint(target).ok
         # one Tune checkpoint kept, and of the Train checkpoints (one an iteration), the one it names; at most
-        # one more: written as Tune stopped the trial (PBT's pause or exploit), never reported, named by no
-        # Tune checkpoint (``tunekit gc`` takes those after the run)
-        assert len(list(Path(result.path).glob("checkpoint_0*"))) == 1
+        # one more of each: written as Tune stopped the trial (PBT's pause or exploit) and never registered by
+        # Tune, so no policy run by Tune sees it (``tunekit gc`` takes those after the run). Such a pointer is
+        # older than the kept one and lies in a directory of its own: a later report never writes into it
+        # (CI70, CI72: Ray's lagging counter had the next pointer written over it)
+        kept = Path(result.checkpoint.path)
+        pointers = sorted(Path(result.path).glob("checkpoint_0*"))
+        assert kept in pointers and len(pointers) <= 2, pointers
+        for other in set(pointers) - {kept}:
+            assert other.name < kept.name and read_metadata(str(other))["iteration"] < result.metrics["iteration"]
         left = [str(p) for p in _checkpoints(result)]
         assert target in left and len(left) <= 2, (left, target)  # (without retention: 3 or more)
     from tunekit import verify_experiment
