@@ -219,31 +219,27 @@ class TrialCheckpointer:
         iteration, start = self.trainable.iteration, time.perf_counter()
         self.wait()
         result = None
-        # A save that returns only once written (the trial's last; every save under Ray's PBT) writes on this
-        # thread: waiting for the helper thread, which runs below training's priority, takes longer on a
-        # busy machine than the write itself.
-        inline = self._sync_next or self._sync_all
-        self._sync_next = False
         if not checkpoint_dir and self._last is not None and self._last[0] == iteration:
             result = save_again(self.trainable, self._last[1], durability=self.durability)
         if result is None and reported is not None:
             result = reported
         if result is None and content is not None and not checkpoint_dir:
-            result = self._save_locally(content, inline=inline)
+            result = self._save_locally(content)
         if result is None:
             result = fallback(checkpoint_dir)
             confirm_remote_upload(result)
         self._last = (iteration, result)
-        if inline:
-            self.wait()  # (a saved-again or reported checkpoint's write, if still in flight)
+        if self._sync_next or self._sync_all:
+            self._sync_next = False
+            self.wait()
         blocked = time.perf_counter() - start
-        written = self.saves.last_write_s if self.saves is not None and not inline else None
+        written = self.saves.last_write_s if self.saves is not None else None
         self.costs = {SAVE_BLOCKED_KEY: blocked, SAVE_WRITE_KEY: blocked if written is None else written}
         return result
 
-    def _save_locally(self, content: TrialContent, *, inline: bool = False) -> Any:
+    def _save_locally(self, content: TrialContent) -> Any:
         """Two-phase or in place into local storage; None when the trial's storage is not local."""
-        if not inline and background_saves_enabled(self.trainable, self.background):
+        if background_saves_enabled(self.trainable, self.background):
             if self.saves is None:
                 self.saves = BackgroundSaves()
             return save_snapshot(self.trainable, self.saves, content.payload, durability=self.durability)
