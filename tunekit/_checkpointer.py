@@ -224,7 +224,7 @@ class TrialCheckpointer:
         if result is None and reported is not None:
             result = reported
         if result is None and content is not None and not checkpoint_dir:
-            result = self._save_locally(content)
+            result = self._save_locally(content, urgent=self._sync_next or self._sync_all)
         if result is None:
             result = fallback(checkpoint_dir)
             confirm_remote_upload(result)
@@ -237,11 +237,13 @@ class TrialCheckpointer:
         self.costs = {SAVE_BLOCKED_KEY: blocked, SAVE_WRITE_KEY: blocked if written is None else written}
         return result
 
-    def _save_locally(self, content: TrialContent) -> Any:
-        """Two-phase or in place into local storage; None when the trial's storage is not local."""
+    def _save_locally(self, content: TrialContent, *, urgent: bool) -> Any:
+        """Two-phase or in place into local storage; None when the trial's storage is not local. ``urgent``:
+        the save waits for its write (the same two-phase path, at training's priority: see ``BackgroundSaves``)."""
         if background_saves_enabled(self.trainable, self.background):
             if self.saves is None:
                 self.saves = BackgroundSaves()
+            self.saves.urgent = urgent
             return save_snapshot(self.trainable, self.saves, content.payload, durability=self.durability)
         return save_in_place(self.trainable, lambda d: content.write(d, durable=False), durability=self.durability)
 

@@ -146,11 +146,14 @@ def trainable_spec(cls: type) -> str:
 
 
 _WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-save", initializer=lower_priority)
+#: Writes whose save waits for them (:attr:`BackgroundSaves.urgent`), at training's priority: training waits.
+_URGENT = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-save-now")
 
 
 def drain_writes() -> None:
     """Block until every two-phase write submitted in this process so far is complete (for tests and tools)."""
-    _WRITER.submit(lambda: None).result()
+    for pool in (_WRITER, _URGENT):
+        pool.submit(lambda: None).result()
 
 
 def background_saves_enabled(trainable: tune.Trainable, default: bool = True) -> bool:
@@ -182,6 +185,8 @@ class BackgroundSaves:
         self._previous_trial = False
         #: Seconds the last completed write took (the autopilot's write time), None before one completed.
         self.last_write_s: float | None = None
+        #: The next write's save waits for it: it runs on a thread of training's priority, not a lower one.
+        self.urgent = False
 
     def wait(self) -> None:
         """Block until the write in flight (if any) is complete; raise its error (log it if it was the
@@ -215,7 +220,7 @@ class BackgroundSaves:
     def submit(self, target: str, job: Callable[[], None]) -> None:
         self.wait()
         self._target = target
-        self._future = _WRITER.submit(self._timed, job)
+        self._future = (_URGENT if self.urgent else _WRITER).submit(self._timed, job)
 
     def _timed(self, job: Callable[[], None]) -> None:
         start = time.perf_counter()

@@ -21,6 +21,7 @@ import pytest
 import ray
 from packaging.requirements import Requirement
 from ray import tune
+from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining
 
 import tunekit
@@ -456,3 +457,36 @@ def test_function_mixins_and_placement_group_removal_behave_as_relied_on(ray_ses
     _ray.remove_placement_group(group.id.hex())
     assert ray.util.placement_group_table(group)["state"] == "REMOVED"
     _ray.remove_placement_group(group.id.hex())  # one already removed: nothing happens
+
+
+def test_a_trial_asks_its_worker_to_finish_its_last_save_once_per_result_in_a_worker_it_had_before(ray_session):
+    """``finish_next_save_in_place``: one ask per result Tune handles however many callbacks ask; and again
+    at a later result in the same worker (a trial paused, then resumed in the worker it had: actor reuse),
+    whose last save would otherwise return before it is written."""
+
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def __init__(self) -> None:
+            self.asked = 0
+
+        def tunekit_clone(self) -> None:
+            pass
+
+        def tunekit_sync_next_save(self) -> None:
+            self.asked += 1
+
+        def times_asked(self) -> int:
+            return self.asked
+
+    worker = Worker.remote()
+    trial = Trial("__fake", config={}, stub=True)
+    trial.temporary_state.ray_actor = worker
+    trial.run_metadata.last_result = {"training_iteration": 3}
+    for _ in range(3):  # the scheduler before a pause, then each tunekit callback: the same result
+        _ray.finish_next_save_in_place(trial)
+    assert ray.get(worker.times_asked.remote()) == 1
+    trial.run_metadata.last_result = {"training_iteration": 8}  # resumed in the same worker, ending now
+    _ray.finish_next_save_in_place(trial)
+    _ray.finish_next_save_in_place(trial)
+    assert ray.get(worker.times_asked.remote()) == 2
+    ray.kill(worker)

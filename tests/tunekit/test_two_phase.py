@@ -164,3 +164,22 @@ def test_state_buffers_are_a_snapshot_and_are_reused():
     assert nbytes >= sum(p.numel() * 4 for p in model.parameters())
     # The snapshot saves and restores like the live state.
     assert set(second) == set(state.state_dict()) and second["counters"] == state.state_dict()["counters"]
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority") or sys.platform != "linux", reason="per-thread priorities: Linux")
+def test_a_write_its_save_waits_for_runs_at_trainings_priority_others_below_it():
+    """A background write runs below training's CPU priority; one its save waits for (a trial's last, every
+    save under Ray's PBT) does not: training waits for it, so a lower priority only lengthens the wait."""
+    from tunekit._saving import BackgroundSaves
+
+    def priority_of_write(urgent: bool) -> int:
+        saves, seen = BackgroundSaves(), []
+        saves.urgent = urgent
+        saves.submit("target", lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        saves.wait()
+        return seen[0]
+
+    training = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert priority_of_write(urgent=False) > training
+    assert priority_of_write(urgent=True) == training
+    assert priority_of_write(urgent=False) > training  # the next write that is not waited for: below again

@@ -96,15 +96,18 @@ def finish_next_save_in_place(trial: Any) -> None:
     and handed to another trial, while it writes; a death then (Ray reports
     it for the trial being started, whose ``reset`` fails) errors that other
     trial, and nothing retries the ended trial's last checkpoint. Untracked
-    by Tune, like :func:`clone_in_place`. Sent once per worker (each tunekit
-    callback of the run asks; the trial's temporary state, never saved,
-    remembers the worker it was sent to).
+    by Tune, like :func:`clone_in_place`. Sent once per result Tune handles
+    (each tunekit callback of the run asks, and the scheduler before a
+    pause): the trial's temporary state, never saved, remembers the worker
+    and the result it was sent for. Not once per worker: a trial paused and
+    resumed in the same worker (actor reuse) asks again at its end.
     """
     state = trial.temporary_state
     actor = state.ray_actor
-    if actor is not None and getattr(state, "tunekit_ending", None) is not actor and supports_clone(trial):
+    asked = (actor, trial.last_result.get("training_iteration"))  # Tune updates last_result after the callbacks
+    if actor is not None and getattr(state, "tunekit_ending", None) != asked and supports_clone(trial):
         actor.tunekit_sync_next_save.remote()
-        state.tunekit_ending = actor
+        state.tunekit_ending = asked
 
 
 def synchronous_saves(trial: Any, scheduler: Any) -> None:
