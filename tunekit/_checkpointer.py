@@ -218,18 +218,18 @@ class TrialCheckpointer:
         """
         iteration, start = self.trainable.iteration, time.perf_counter()
         self.wait()
-        result = None
+        result, waits = None, self._sync_next or self._sync_all  # this save returns once its write is done
         if not checkpoint_dir and self._last is not None and self._last[0] == iteration:
             result = save_again(self.trainable, self._last[1], durability=self.durability)
         if result is None and reported is not None:
             result = reported
         if result is None and content is not None and not checkpoint_dir:
-            result = self._save_locally(content, urgent=self._sync_next or self._sync_all)
+            result = self._save_locally(content, urgent=waits)
         if result is None:
             result = fallback(checkpoint_dir)
             confirm_remote_upload(result)
         self._last = (iteration, result)
-        if self._sync_next or self._sync_all:
+        if waits:
             self._sync_next = False
             self.wait()
         blocked = time.perf_counter() - start

@@ -28,8 +28,8 @@ from tunekit.errors import CheckpointError, TunekitError
 from tunekit.experiment_dir import POINTER_KEY, find_trials
 from tunekit.storage import Storage, resolve_storage
 
-__all__ = ["CheckpointCheck", "ExperimentCheck", "checkpoint_at", "experiment_file_problems", "result_file_problems",
-           "verify_experiment", "verify_one"]
+__all__ = ["CheckpointCheck", "ExperimentCheck", "FOREIGN", "checkpoint_at", "experiment_file_problems",
+           "result_file_problems", "verify_experiment", "verify_one"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,10 @@ def _pointer_gone(experiment: Storage, trial: Any, target: Any) -> str | None:
             "resume from it cannot start (keep every Train checkpoint a Tune checkpoint points at)")
 
 
+#: Why a checkpoint directory with files, none of them tunekit's, is ``unverified`` (another writer's).
+FOREIGN = "not a tunekit checkpoint"
+
+
 def checkpoint_at(location: str) -> Storage | None:
     """``location`` when it is one checkpoint directory (holding a tunekit file, or named ``checkpoint_N``):
     what ``tunekit verify`` checks alone; None otherwise (an experiment, or nothing there)."""
@@ -139,13 +143,11 @@ def checkpoint_at(location: str) -> Storage | None:
 
 
 def verify_one(checkpoint: Storage) -> tuple[str, list[str]]:
-    """The verdict on one checkpoint directory, as :func:`verify_experiment` gives it for each: ``unverified``
-    for another writer's (files, none of them tunekit's), ``incomplete`` for an empty one."""
-    if not is_tunekit_checkpoint(checkpoint):
-        if checkpoint.filesystem.get_file_info(pafs.FileSelector(checkpoint.path)):
-            return "unverified", ["no tunekit file: another writer's checkpoint"]
-        return "incomplete", ["directory is empty (announced, never written, or its writer died)"]
+    """The verdict on one checkpoint directory, in :func:`verify_experiment`'s words: ``unverified`` for
+    another writer's (files, none of them tunekit's), ``incomplete`` for an empty one (:data:`NOT_WRITTEN`)."""
     report = verify_checkpoint(checkpoint)
+    if report.problems != [NOT_WRITTEN] and not is_tunekit_checkpoint(checkpoint):
+        return "unverified", [FOREIGN]
     return report.status, list(report.problems)
 
 
@@ -192,7 +194,7 @@ def verify_experiment(
             check = CheckpointCheck(trial.name, ckpt.name, _iteration(ckpt.location, meta) if is_ours else None,
                                     status, problems)
         else:
-            check = CheckpointCheck(trial.name, ckpt.name, None, "unverified", ("not a tunekit checkpoint",))
+            check = CheckpointCheck(trial.name, ckpt.name, None, "unverified", (FOREIGN,))
         result.checks.append(check)
         if on_check is not None:
             on_check(check)

@@ -92,13 +92,15 @@ def test_verify_refuses_what_is_not_an_experiment(make, storage, capsys):
 def test_verify_of_one_checkpoint_directory_tunekit_did_not_write(storage, capsys):
     one = storage / "trial" / "checkpoint_000004"
     one.mkdir(parents=True)
+    from tunekit._manifest import NOT_WRITTEN
+    from tunekit.verify import FOREIGN
+
     assert main(["verify", str(one)]) == 1  # announced, never written: as an experiment's verify says
-    assert capsys.readouterr().out.strip() == f"{one}: incomplete: directory is empty (announced, never " \
-                                              "written, or its writer died)"
+    assert capsys.readouterr().out.strip() == f"{one}: incomplete: {NOT_WRITTEN}"
     (one / "weights.txt").write_text("0")
     assert main(["verify", str(one), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"checkpoint": str(one), "ok": True, "status": "unverified",
-                                                   "problems": ["no tunekit file: another writer's checkpoint"]}
+                                                   "problems": [FOREIGN]}
 
 
 def test_verify_missing_prefix_on_s3_is_not_an_experiment(s3_bucket, capsys):
