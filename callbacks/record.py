@@ -1,11 +1,12 @@
 """Keep tunekit's JSON record of the experiment (``tunekit-experiment.json``) up to date.
 
-Tested in ``tests/tunekit/test_resume_torn.py``.
+Tested in ``tests/tunekit/test_resume_torn.py`` and ``tests/tunekit/test_resume.py``.
 """
 
 from __future__ import annotations
 
 import logging
+import posixpath
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -15,7 +16,7 @@ from typing_extensions import override
 
 from tunekit import _env, _ray, record
 
-__all__ = ["ExperimentRecord", "TunekitCallback", "repair_final_checkpoints"]
+__all__ = ["ExperimentRecord", "TunekitCallback", "check_restored_index", "repair_final_checkpoints"]
 
 
 class TunekitCallback(tune.Callback):
@@ -44,6 +45,7 @@ class TunekitCallback(tune.Callback):
     @override
     def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         _ray.synchronous_saves(trial, self._scheduler)  # under Ray's own PBT only
+        check_restored_index(trial)
 
     @override
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any],
@@ -68,6 +70,24 @@ class TunekitCallback(tune.Callback):
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         repair_final_checkpoints(trials)
         record.finish(self, trials)
+
+
+#: Trials whose checkpoint index this driver compared with storage (once each: it only ever lags after a restart).
+_INDEX_CHECKED: set[str] = set()
+
+
+def check_restored_index(trial: Trial) -> None:
+    """A trial started with checkpoints in Ray's index (a resumed driver's, or one PBT paused): the first time
+    in this driver, those gone from storage leave the index (:func:`tunekit._ray.drop_vanished_checkpoints`),
+    before Ray restores the trial or deletes one of them for ``num_to_keep``. A trial started afresh has none."""
+    if trial.trial_id in _INDEX_CHECKED or not _ray.registered_checkpoints(trial):
+        return
+    _INDEX_CHECKED.add(trial.trial_id)
+    gone = _ray.drop_vanished_checkpoints(trial)
+    if gone:
+        logging.getLogger(__name__).info(
+            "tunekit: trial %s: Ray's experiment state named %d checkpoint(s) deleted after it was written (%s); "
+            "left out of Ray's index", trial.trial_id, len(gone), ", ".join(posixpath.basename(p) for p in gone))
 
 
 def repair_final_checkpoints(trials: list[Trial]) -> None:

@@ -20,6 +20,7 @@ from typing_extensions import override
 from tunekit import _ray
 from tunekit._manifest import MANIFEST_FILE, METADATA_FILE
 from tunekit._snapshot_model import CheckpointSummary, ranked
+from tunekit._trial_dir import CHECKPOINT_DIR
 from tunekit.callbacks.record import TunekitCallback, repair_final_checkpoints
 from tunekit.errors import ConfigError
 from tunekit.experiment_dir import TRAIN_DIR
@@ -335,7 +336,9 @@ class KeepCheckpoints(TunekitCallback):
             if target and target not in live and _in_experiment(target, path):
                 live.add(target)  # (once)
                 self.deleted_bytes += self._sizes.pop(f"train:{target}", 0)
-                self._pending.append(self._deleter().submit(_delete_dir, where[path][1].filesystem, target))
+                registered = {c.path for c, _ in _ray.registered_checkpoints(where[path][0])}
+                self._pending.append(self._deleter().submit(_delete_train_checkpoint, where[path][1].filesystem,
+                                                            target, posixpath.dirname(path.rstrip("/")), registered))
 
     def _multi_worker(self, trial: Trial) -> bool:
         if trial.trainable_name not in self._multi:
@@ -387,6 +390,26 @@ def _in_experiment(target: str, pointer: str) -> bool:
     train = posixpath.dirname(target.rstrip("/"))
     experiment = posixpath.dirname(posixpath.dirname(pointer.rstrip("/")))
     return posixpath.basename(train) == TRAIN_DIR and posixpath.dirname(posixpath.dirname(train)) == experiment
+
+
+def _delete_train_checkpoint(fs: pafs.FileSystem, target: str, trial_dir: str, registered: set[str]) -> None:
+    """Delete the Train checkpoint ``target``, and first the pointers of the trial in ``trial_dir`` that name it
+    and that Ray never registered (written as Tune stopped the trial for PBT): nothing restores from them, and
+    left, they would name a missing checkpoint. One newer than every pointer Ray registered is being written:
+    then ``target`` stays."""
+    newest = max((int(m[1]) for p in registered if (m := CHECKPOINT_DIR.match(posixpath.basename(p)))), default=-1)
+    strays = []
+    for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
+        match = CHECKPOINT_DIR.match(info.base_name)
+        if not match or info.type != pafs.FileType.Directory or info.path in registered:
+            continue
+        if _train_target(tune.Checkpoint(info.path, filesystem=fs)) == target:
+            if int(match[1]) > newest:
+                return
+            strays.append(info.path)
+    for stray in strays:
+        _delete_dir(fs, stray)
+    _delete_dir(fs, target)
 
 
 def _delete_dir(fs: pafs.FileSystem, path: str) -> None:

@@ -12,9 +12,15 @@ import pyarrow.fs as pafs
 
 from tunekit.storage import Storage
 
-__all__ = ["TUNER_PKL", "pickle_globals", "pickle_problem", "read_tuner_pickle", "tuner_pickle_problem"]
+__all__ = ["DRIVER_STATES", "TUNER_PKL", "driver_state_problem", "pickle_globals", "pickle_problem", "read_tuner_pickle",
+           "tuner_pickle_problem"]
 
 TUNER_PKL = "tuner.pkl"
+
+#: Ray's other driver state beside its experiment state (search algorithm, searcher, callbacks): pickles Ray
+#: copies to storage with each experiment state, not atomically. A restore loads the newest of each kind; one a
+#: killed driver left torn makes Ray drop the restore and start the experiment over, new trials and all.
+DRIVER_STATES = ("basic-variant-state-", "search_gen_state-", "searcher-state-", "callback-states-")
 
 
 def pickle_globals(data: bytes) -> list[tuple[str, str]]:
@@ -63,3 +69,17 @@ def tuner_pickle_problem(experiment: Storage) -> str | None:
         return None
     why = pickle_problem(data)
     return f"{TUNER_PKL} is damaged ({why})" if why else None
+
+
+def driver_state_problem(experiment: Storage, files: list[str]) -> str | None:
+    """One line when the newest of a kind of Ray's driver state (:data:`DRIVER_STATES`) among ``files`` (the
+    experiment's top-level file names) is torn; None when each is whole or absent. Read, never unpickled."""
+    for prefix in DRIVER_STATES:
+        names = sorted(f for f in files if f.startswith(prefix))
+        if not names:
+            continue
+        with experiment.filesystem.open_input_stream(posixpath.join(experiment.path, names[-1])) as stream:
+            why = pickle_problem(stream.read())
+        if why:
+            return f"{names[-1]} is damaged ({why})"
+    return None

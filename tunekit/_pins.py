@@ -6,7 +6,9 @@ Ray's ``num_to_keep`` never deletes a pin. The clone that restores from one
 adopts it (:func:`adopt_pin`): Ray names the pin as the clone's checkpoint until
 the clone's next checkpoint is registered, so the pin stays until a
 checkpoint of the clone newer than the exploit is complete
-(:func:`release_adopted_pin`).
+(:func:`release_adopted_pin`). Ray may name the pin after that (the driver
+had not registered that checkpoint yet, or was killed first): a restore of it
+then takes the clone's own checkpoints after the exploit (:func:`cloned_from`).
 
 Tested in ``tests/trainables/test_pbt_exploit.py``, ``tests/tunekit/test_two_phase.py`` and
 ``tests/tunekit/test_nothing_lost.py``.
@@ -32,6 +34,7 @@ __all__ = [
     "PIN_RECORD",
     "adopt_pin",
     "adopted_pin",
+    "cloned_from",
     "is_pinned",
     "pin_checkpoint",
     "release_adopted_pin",
@@ -54,31 +57,52 @@ def adopt_pin(trial_dir: str, pin: str) -> None:
     pin adopted before it (two exploits before a save) goes at once.
     """
     previous = adopted_pin(trial_dir)
-    record = {"pin": pin, "after": highest_index(trial_dir)}
-    temporary = os.path.join(trial_dir, f"{PIN_RECORD}.{os.getpid()}")
-    with open(temporary, "w") as fh:
-        json.dump(record, fh)
-    os.replace(temporary, os.path.join(trial_dir, PIN_RECORD))
+    _write_record(trial_dir, {"pin": pin, "after": highest_index(trial_dir)})
     if previous is not None and previous[0] != pin:
         shutil.rmtree(previous[0], ignore_errors=True)
 
 
 def adopted_pin(trial_dir: str) -> tuple[str, int] | None:
-    """``(pin path, the trial's highest checkpoint index when it restored from it)``, or None."""
+    """``(pin path, the trial's highest checkpoint index when it restored from it)``, or None (also once the
+    pin is released)."""
+    record = _read_record(trial_dir)
+    return None if record is None or record[2] else record[:2]
+
+
+def cloned_from(trial_dir: str) -> tuple[str, int] | None:
+    """``(pin path, the trial's highest checkpoint index when it restored from it)`` of the trial's last
+    clone, the pin kept or released; None if the trial never restored from a pin here."""
+    record = _read_record(trial_dir)
+    return None if record is None else record[:2]
+
+
+def _read_record(trial_dir: str) -> tuple[str, int, bool] | None:
     try:
         with open(os.path.join(trial_dir, PIN_RECORD)) as fh:
             record = json.load(fh)
-        return str(record["pin"]), int(record["after"])
+        return str(record["pin"]), int(record["after"]), bool(record.get("released"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
+def _write_record(trial_dir: str, record: dict[str, object]) -> None:
+    temporary = os.path.join(trial_dir, f"{PIN_RECORD}.{os.getpid()}")
+    with open(temporary, "w") as fh:
+        json.dump(record, fh)
+    os.replace(temporary, os.path.join(trial_dir, PIN_RECORD))
+
+
 def release_adopted_pin(trial_dir: str, completed: int) -> None:
-    """Checkpoint ``completed`` of the trial is whole: the pin it restored from goes if the checkpoint is newer."""
+    """Checkpoint ``completed`` of the trial is whole: the pin it restored from goes if the checkpoint is newer.
+
+    The record stays, marked released: Ray may still name the pin as the trial's checkpoint (the driver
+    registers ``completed`` later, or was killed before it did), and a restore of the gone pin then takes
+    the trial's own checkpoints after the clone (:func:`cloned_from`), not the donor's others.
+    """
     adopted = adopted_pin(trial_dir)
     if adopted is not None and completed > adopted[1]:
+        _write_record(trial_dir, {"pin": adopted[0], "after": adopted[1], "released": True})
         shutil.rmtree(adopted[0], ignore_errors=True)
-        os.remove(os.path.join(trial_dir, PIN_RECORD))
 
 
 def unpinned(path: str) -> str:

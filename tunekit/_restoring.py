@@ -46,7 +46,7 @@ from ray import tune
 
 from tunekit._ray import TrainingResult
 from tunekit._announced import is_announced_only, registered_unwritten
-from tunekit._pins import adopt_pin, adopted_pin, is_pinned, remove_pin, unpinned
+from tunekit._pins import adopt_pin, adopted_pin, cloned_from, is_pinned, remove_pin, unpinned
 from tunekit._trial_dir import (CHECKPOINT_DIR, KEPT_COPY, await_write, checkpoint_name_of, link_tree, staging_dirs,
                                 writer_alive)
 from tunekit._manifest import MISSING, NOT_WRITTEN
@@ -200,7 +200,7 @@ def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[T
         announced = report.problems == [NOT_WRITTEN] and isinstance(requested.checkpoint.filesystem, pafs.LocalFileSystem)
         if announced:
             registered_unwritten(requested.checkpoint.path)  # Ray registered it: tunekit never removes it
-        instead = _fall_back(requested, report, temps, newer_too=missing)
+        instead = _first_good(requested, report, temps, _candidates(requested.checkpoint, trial_dir, missing))
         if instead is not None:
             if announced:  # what Ray registered gets the state the trial goes on from
                 _stand_in(requested.checkpoint.path, instead.checkpoint.path)
@@ -220,11 +220,39 @@ def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[T
         raise
 
 
-def _fall_back(requested: TrainingResult, report: CheckpointReport, temps: list[str], *,
-               newer_too: bool) -> TrainingResult | None:
-    """The trial's newest good other checkpoint (before the requested one unless ``newer_too``), or None."""
+def _candidates(checkpoint: tune.Checkpoint, trial_dir: str | None, missing: bool) -> list[tune.Checkpoint]:
+    """What may stand in for ``checkpoint``, best first: for a PBT clone's pin released meanwhile the clone's own
+    checkpoints since (:func:`_after_clone`); the trial's others (:func:`_other_checkpoints`)."""
+    return (_after_clone(checkpoint, trial_dir) if missing else []) + _other_checkpoints(checkpoint, newer_too=missing)
+
+
+def _after_clone(checkpoint: tune.Checkpoint, trial_dir: str | None) -> list[tune.Checkpoint]:
+    """``checkpoint`` is the PBT donor's pin the trial in ``trial_dir`` restored from, now gone: the trial's own
+    checkpoints written after that restore, newest first (else none).
+
+    The pin goes once such a checkpoint is complete (:func:`tunekit._pins.release_adopted_pin`), and Ray names
+    the pin until the driver has registered it: a driver killed in between, or a worker killed before the
+    registration, asks for the pin. The donor's other checkpoints are not what the trial had become."""
+    if trial_dir is None or not is_pinned(checkpoint.path) or not isinstance(checkpoint.filesystem,
+                                                                            pafs.LocalFileSystem):
+        return []
+    record = cloned_from(trial_dir)
+    if record is None or os.path.normpath(record[0]) != os.path.normpath(checkpoint.path):
+        return []
+    found = []
+    with os.scandir(trial_dir) as entries:
+        for entry in entries:
+            match = CHECKPOINT_DIR.match(entry.name) or KEPT_COPY.match(entry.name)
+            if match and int(match[1]) > record[1] and entry.is_dir():
+                found.append((int(match[1]), not entry.name.startswith("."), entry.path))
+    return [tune.Checkpoint(path, filesystem=checkpoint.filesystem) for _, _, path in sorted(found, reverse=True)]
+
+
+def _first_good(requested: TrainingResult, report: CheckpointReport, temps: list[str],
+                candidates: list[tune.Checkpoint]) -> TrainingResult | None:
+    """The first of ``candidates`` (the trial's others, newest first) that verifies, to restore instead."""
     skipped = [report]
-    for candidate in _other_checkpoints(requested.checkpoint, newer_too=newer_too):
+    for candidate in candidates:
         local, candidate_report = _fetch(candidate, temps)
         if not candidate_report.ok:
             skipped.append(candidate_report)
@@ -290,6 +318,8 @@ def _release_pin(checkpoint: tune.Checkpoint, temps: list[str], trial_dir: str |
     if not is_pinned(checkpoint.path):
         return
     if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        if not os.path.isdir(checkpoint.path):
+            return  # gone (released, see :func:`_after_clone`): its record says what came after it
         if trial_dir is not None and os.path.isdir(trial_dir):
             adopt_pin(trial_dir, checkpoint.path)
         else:

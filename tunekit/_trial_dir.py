@@ -19,7 +19,8 @@ directory's name, for Ray's and tunekit's:
 ``.checkpoint_NNNNNN.damaged``
     A damaged checkpoint's copy kept out of Ray's retention by ``tunekit resume``.
 ``.tunekit-pin.json``
-    The PBT donor's pin this trial restored from (:func:`tunekit._pins.adopt_pin`).
+    The PBT donor's pin this trial restored from (:func:`tunekit._pins.adopt_pin`), and once the pin is
+    gone, which of the trial's checkpoints came after it (:func:`tunekit._pins.cloned_from`).
 ``.tunekit-index``
     The highest checkpoint index this trial ever announced (:mod:`tunekit._announced`).
 

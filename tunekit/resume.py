@@ -15,8 +15,9 @@ A function found this way that is not a Tune trainable class is wrapped with
 When Ray's own files are torn (see :mod:`tunekit.record`): a damaged newest
 ``experiment_state-*.json`` is set aside for the newest whole one; a torn or
 missing ``tuner.pkl`` is rebuilt from tunekit's record, then Ray restores as
-usual; with no whole experiment state at all, every unfinished trial goes on
-from its newest good checkpoint in a new experiment ``EXP-resumed`` beside it.
+usual; with no whole experiment state at all, or a torn search algorithm or
+callback state (Ray would start the experiment over), every unfinished trial
+goes on from its newest good checkpoint in a new experiment ``EXP-resumed`` beside it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, TextIO
 import pyarrow.fs as pafs
 
 from tunekit._manifest import NOT_WRITTEN
+from tunekit._pickles import driver_state_problem
 from tunekit._pins import is_pinned
 from tunekit._trial_dir import damaged_name
 from tunekit.checkpoint import read_metadata, verify_checkpoint
@@ -42,6 +44,7 @@ from tunekit._recovery import (
 )
 from tunekit.snapshot import (PBT_LOG, CheckpointSummary, ExperimentSnapshot, TrialSnapshot, format_counts,
                               read_experiment)
+from tunekit.experiment_dir import root_files
 from tunekit.storage import Storage, resolve_storage
 
 __all__ = [
@@ -112,14 +115,17 @@ def resume_experiment(
     before = read_experiment(experiment)
     record, record_problem = read_record(experiment.filesystem, experiment.path)
     state_whole = before.state_file is not None and before.state_file not in before.damaged_state_files
-    if not state_whole:
+    # (a torn search algorithm or callback state: Ray would drop the restore and start the experiment over)
+    torn_driver_state = driver_state_problem(experiment, root_files(experiment)) if state_whole else None
+    if not state_whole or torn_driver_state:
         if record is None:
-            what = ("no experiment_state-*.json" if before.state_file is None
-                    else next(p for p in before.problems if p.startswith("experiment_state")))
+            what = torn_driver_state or ("no experiment_state-*.json" if before.state_file is None
+                                         else next(p for p in before.problems if p.startswith("experiment_state")))
             raise ExperimentError(f"{experiment.uri}: {what}, so Ray Tune cannot restore it, and {record_problem} "
                                   "to continue the trials from")
         return _resume_from_record(experiment, before, record, trainable=trainable, resume_errored=resume_errored,
-                                   restart_errored=restart_errored, cpus=cpus, address=address, out=out)
+                                   restart_errored=restart_errored, cpus=cpus, address=address, out=out,
+                                   damage=torn_driver_state)
     counts = before.counts()
     summary = format_counts(counts)
     todo = [t for t in before.trials
@@ -321,8 +327,9 @@ def extend_experiment(
 
 def _resume_from_record(experiment: Storage, before: ExperimentSnapshot, record: dict[str, Any], *,
                         trainable: str | None, resume_errored: bool, restart_errored: bool, cpus: int | None,
-                        address: str | None, out: TextIO) -> ResumeSummary:
-    """Ray's experiment state is torn: continue every unfinished trial, from tunekit's record, in a new experiment."""
+                        address: str | None, out: TextIO, damage: str | None = None) -> ResumeSummary:
+    """Ray's experiment state (or ``damage``: another of its driver state files) is torn: continue every
+    unfinished trial, from tunekit's record, in a new experiment."""
     from ray import tune
 
     from tunekit.warm import WARM_START_KEY, warm_start
@@ -331,7 +338,7 @@ def _resume_from_record(experiment: Storage, before: ExperimentSnapshot, record:
     if not record.get("stop_is_dict", True) or not isinstance(stop, dict) or not stop:
         raise ExperimentError(f"{experiment.uri}: the experiment state is torn and tunekit's record holds no stop "
                               "criteria (the run's stop was not a dict); cannot tell where the trials end")
-    damage = next(p for p in before.problems if p.startswith("experiment_state")).split("; no older one")[0]
+    damage = damage or next(p for p in before.problems if p.startswith("experiment_state")).split("; no older one")[0]
     by_dir = {t.name: t for t in before.trials}
     by_id = {t.trial_id: t for t in before.trials}
     recorded = {str(t.get("trial_id")): t for t in record["trials"] if isinstance(t, dict)}

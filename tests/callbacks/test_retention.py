@@ -305,3 +305,31 @@ def test_a_budget_counts_each_train_checkpoint_of_a_multi_worker_trial_once(tmp_
     assert policy._over_budget(by_trial, where, set(pointers), set(), []) == pointers[:1]
     policy.max_bytes = small  # the next pointer frees no Train checkpoint (the third names it): both go
     assert policy._over_budget(by_trial, where, set(pointers), set(), []) == pointers
+
+
+def test_a_train_checkpoint_goes_with_the_unregistered_older_pointers_naming_it_and_stays_for_a_newer_one(tmp_path):
+    """CI77: a pointer written as Tune stopped a trial for PBT, never registered, named a Train checkpoint
+    ``KeepCheckpoints`` deleted, and ``verify`` found a pointer to a missing checkpoint. Such a pointer goes
+    first, then the Train checkpoint; one newer than every registered pointer is being written: it stays."""
+    import pyarrow.fs as pafs
+
+    from tunekit.callbacks.retention import _delete_train_checkpoint
+    from tunekit.checkpoint import write_checkpoint
+    from tunekit.multiworker.trial import write_pointer
+
+    trial = tmp_path / "exp" / "loop_00000"
+    targets = [str(trial / "train" / f"checkpoint_{i}") for i in range(3)]
+    for i, target in enumerate(targets):
+        write_checkpoint(target, {"w": bytes(8)}, metadata={"iteration": i})
+    for index, target in ((0, targets[0]), (1, targets[0]), (2, targets[1]), (3, targets[2]), (4, targets[1])):
+        write_pointer(str(trial / f"checkpoint_{index:06d}"), target, "loop", {}, None)
+    fs = pafs.LocalFileSystem()
+    # 000000 (doomed, forgotten by Ray, deleted beside) named targets[0]; so does 000001, never registered
+    _delete_train_checkpoint(fs, targets[0], str(trial), {str(trial / "checkpoint_000002"),
+                                                           str(trial / "checkpoint_000003")})
+    assert not Path(targets[0]).exists() and not (trial / "checkpoint_000001").exists()
+    assert (trial / "checkpoint_000002").exists() and Path(targets[1]).exists()
+    # 000002 doomed: its Train checkpoint is named by 000004, newer than every registered pointer (in flight)
+    _delete_train_checkpoint(fs, targets[1], str(trial), {str(trial / "checkpoint_000003")})
+    assert Path(targets[1]).exists() and (trial / "checkpoint_000004").exists()
+    assert (trial / "checkpoint_000003").exists() and Path(targets[2]).exists()

@@ -5,7 +5,8 @@ POINT is where the driver dies (kill -9, no cleanup of any kind):
 function-API reference trainable); ``checkpoint`` right after it
 asked a worker to save iteration 4, before the save is registered;
 ``snapshot`` halfway through writing the experiment state once a trial is past
-iteration 4; ``optuna`` (an OptunaSearch run) after two trials completed;
+iteration 4; ``stale`` (``num_to_keep=2``) at iteration 7 with the experiment state on storage frozen
+since a trial's second checkpoint, so that it names checkpoints deleted since; ``optuna`` (an OptunaSearch run) after two trials completed;
 ``quickstart`` runs ``tunekit quickstart``'s sweep (2 trials x 8 iterations)
 and dies when a trial reports iteration 5; ``none`` (``none-function``) runs to the end.
 """
@@ -90,6 +91,46 @@ def _kill_during_snapshot() -> None:
     TuneController.save_to_dir = half_written_then_die
 
 
+class _StaleIndex(_KillerCallback):
+    """``stale``: Ray's experiment state stops being copied to storage once a trial has two checkpoints
+    registered (one last copy is forced then); the driver dies when a trial reports iteration 7, by when
+    ``num_to_keep=2`` deleted checkpoints that the copy on storage still names (Ray's snapshot lags its
+    deletions by up to its checkpoint period; here, deterministically)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.registered: dict[str, int] = {}
+        self.freeze = False
+        if os.getpid() == self.pid:
+            self._patch()
+
+    def _patch(self) -> None:
+        from ray.tune.execution.experiment_state import _ExperimentCheckpointManager
+
+        original = _ExperimentCheckpointManager.sync_up_experiment_state
+        killer = self
+
+        def sync_until_frozen(manager, save_fn, force=False, wait=False):
+            if killer.freeze == "done":
+                return None
+            if killer.freeze:
+                original(manager, save_fn, force=True, wait=True)
+                killer.freeze = "done"
+                return None
+            return original(manager, save_fn, force=force, wait=wait)
+
+        _ExperimentCheckpointManager.sync_up_experiment_state = sync_until_frozen
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        self.registered[trial.trial_id] = self.registered.get(trial.trial_id, 0) + 1
+        if self.registered[trial.trial_id] == 2 and not self.freeze:
+            self.freeze = True
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if result["training_iteration"] == 7 and self.freeze == "done":
+            self.die()
+
+
 def make_tuner(point: str, storage: str, name: str) -> tune.Tuner:
     """The experiment of this driver; ``point="none"`` is the uninterrupted reference."""
     callbacks: list[tune.Callback] = [ParquetLogger(batch_rows=4)]
@@ -99,6 +140,8 @@ def make_tuner(point: str, storage: str, name: str) -> tune.Tuner:
     if point in ("training", "function"):
         callbacks.append(_KillAtResult())
         trainable = TrainDigits if point == "function" else DigitsTrainable
+    elif point == "stale":
+        callbacks.append(_StaleIndex())
     elif point == "checkpoint":
         _kill_during_checkpoint()
     elif point == "snapshot":
@@ -123,7 +166,8 @@ def make_tuner(point: str, storage: str, name: str) -> tune.Tuner:
             name=name,
             storage_path=storage,
             stop={"training_iteration": OPTUNA_STOP if point == "optuna" else STOP},
-            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2, checkpoint_at_end=True),
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2, checkpoint_at_end=True,
+                                                    num_to_keep=2 if point == "stale" else None),
             callbacks=callbacks,
             verbose=0,
         ),

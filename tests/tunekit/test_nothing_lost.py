@@ -245,7 +245,15 @@ def test_a_pbt_clone_killed_before_its_next_checkpoint_completes_goes_on_from_th
     newer = str(clone / f"checkpoint_{claim_index(str(clone), 0):06d}")
     commit_checkpoint(stage_checkpoint(newer), newer,
                       lambda d: write_checkpoint(d, {"w": torch.ones(8) * 2}, metadata={"iteration": 5}), Durability())
-    assert not os.path.exists(pin) and not (clone / PIN_RECORD).exists()
+    assert not os.path.exists(pin) and (clone / PIN_RECORD).exists()  # kept, marked released
+    # Ray names the pin until the driver registers that checkpoint; killed first, it asks for the pin: the
+    # clone goes on from its own checkpoint after the exploit, not from the donor's others, and no error.
+    write_checkpoint(donor / "checkpoint_000006", {"w": torch.ones(8) * 7}, metadata={"iteration": 6})
+    result, temps = prepare_restore(pin, trial_dir=str(clone))
+    assert result.checkpoint.path == newer and result.metrics["training_iteration"] == 5
+    assert torch.equal(read_state(result.checkpoint.path)["w"], torch.ones(8) * 2)
+    remove_temps(temps)
+    assert not os.path.exists(pin)  # (a restore of a gone pin adopts nothing)
 
 
 def test_an_announced_checkpoint_whose_writer_died_is_missing_for_a_restore(tmp_path):

@@ -13,6 +13,7 @@ import inspect
 import logging
 import pkgutil
 import re
+import shutil
 import types
 import warnings
 from pathlib import Path
@@ -490,3 +491,34 @@ def test_a_trial_asks_its_worker_to_finish_its_last_save_once_per_result_in_a_wo
     _ray.finish_next_save_in_place(trial)
     assert ray.get(worker.times_asked.remote()) == 2
     ray.kill(worker)
+
+
+def test_a_checkpoint_index_naming_deleted_checkpoints_is_trimmed_so_that_ray_never_deletes_them_again(tmp_path):
+    """What a resumed driver's Ray index is after a kill (its experiment state older than ``num_to_keep``'s last
+    deletions): registering the next checkpoint deletes one that is gone and errors the trial; trimmed first,
+    it does not, and the latest checkpoint stays the one the trial is restored from."""
+    from ray.tune.experiment import Trial
+
+    def result(i):
+        (tmp_path / f"checkpoint_{i:06d}").mkdir(exist_ok=True)
+        return _ray.TrainingResult(checkpoint=tune.Checkpoint(str(tmp_path / f"checkpoint_{i:06d}")),
+                                   metrics={"training_iteration": i})
+
+    def stale_trial():
+        trial = Trial("__fake", config={}, stub=True, checkpoint_config=tune.CheckpointConfig(num_to_keep=2))
+        for i in (0, 1):
+            trial.run_metadata.checkpoint_manager.register_checkpoint(result(i))
+        shutil.rmtree(tmp_path / "checkpoint_000000")  # deleted after the experiment state was written
+        return trial
+
+    untouched = stale_trial()
+    with pytest.raises(FileNotFoundError):  # Ray as it is: the reason for the trim (else it is not needed)
+        untouched.run_metadata.checkpoint_manager.register_checkpoint(result(2))
+
+    trial = stale_trial()
+    latest = trial.checkpoint.path
+    assert _ray.drop_vanished_checkpoints(trial) == [str(tmp_path / "checkpoint_000000")]
+    assert [m["training_iteration"] for _, m in _ray.registered_checkpoints(trial)] == [1]
+    assert trial.checkpoint.path == latest, "Ray changed: _latest_checkpoint_result"
+    trial.run_metadata.checkpoint_manager.register_checkpoint(result(3))
+    assert _ray.drop_vanished_checkpoints(trial) == []

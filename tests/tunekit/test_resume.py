@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -20,6 +21,8 @@ from tunekit import read_state, resolve_storage
 from tunekit.checkpoint import verify_checkpoint
 from tunekit.analysis import load_results
 from tunekit.cli import main
+from tunekit.experiment_dir import root_files
+from tunekit._pickles import driver_state_problem
 from tunekit.snapshot import read_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,8 +46,9 @@ def reference(ray_session, tmp_path_factory):
     return {r.config["seed"]: read_state(r.checkpoint) for r in grid}
 
 
-@pytest.mark.parametrize("point", ["training", "checkpoint", "snapshot"])
-def test_resume_after_kill_completes_every_trial_exactly(point, reference, storage, capsys):
+@pytest.mark.parametrize("point", ["training", "checkpoint", "snapshot", "stale"])
+def test_resume_after_kill_completes_every_trial_exactly(point, reference, storage, capsys, caplog):
+    caplog.set_level(logging.INFO)
     exp = _run_killed_driver(point, storage, "exp")
     before = read_experiment(str(exp))
     assert not all(t.status == "TERMINATED" for t in before.trials), "the driver was not interrupted"
@@ -58,6 +62,8 @@ def test_resume_after_kill_completes_every_trial_exactly(point, reference, stora
     out = capsys.readouterr().out
     assert "trainable: tunekit.trainables.class_api:DigitsTrainable (recorded in its checkpoints)" in out
     assert "now 2 TERMINATED" in out
+    if point == "stale":  # Ray's index named checkpoints num_to_keep had deleted: left out, not deleted again
+        assert "checkpoint(s) deleted after it was written" in caplog.text
 
     after = read_experiment(str(exp))
     assert after.counts() == {"TERMINATED": 2}
@@ -232,9 +238,10 @@ def test_resume_of_a_killed_quickstart_needs_no_trainable_and_keeps_damaged_chec
     assert f"continues from {older.name} (iteration {older.iteration}); passed over: " in said[0], out[:6000]
     assert f"{newest.name} is corrupt" in said[0].split("passed over: ")[1], out[:6000]
     assert f"damaged copies kept as .{newest.name}.damaged" in out, out[:6000]
-    # A kill that lands while Ray copies its experiment state to storage tears it: then the trials go on
-    # from tunekit's record in a new experiment beside (tests/tunekit/test_resume_torn.py); else in place.
-    into = exp if not before.damaged_state_files else resolve_storage(base).join("qs-resumed")
+    # A kill that lands while Ray copies its experiment state (or its search algorithm's) to storage tears it:
+    # then the trials go on from tunekit's record in a new experiment beside (test_resume_torn.py); else in place.
+    torn = before.damaged_state_files or driver_state_problem(exp, root_files(exp))
+    into = exp if not torn else resolve_storage(base).join("qs-resumed")
     after = read_experiment(into.uri)
     assert set(after.counts()) == {"TERMINATED"}, out[-6000:]
     assert all(t.iterations >= STOP for t in after.trials), out[-6000:]

@@ -42,7 +42,8 @@ Private names, by owner:
 * The checkpoint manager's ``_checkpoint_results`` and
   ``_latest_checkpoint_result``, PBT's ``_trial_state[trial].last_checkpoint``
   and the ``TuneController``'s ``_scheduler_alg``: what the retention policy
-  reads and trims, and Ray Train V2's run snapshot, set aside when it names a
+  reads and trims, what a resumed driver drops from the index when storage
+  no longer has it, and Ray Train V2's run snapshot, set aside when it names a
   deleted checkpoint (:mod:`tunekit._ray.retention`).
 * Loggers whose exact messages the quickstart filters (see
   :func:`quiet_ray_notices`).
@@ -82,6 +83,7 @@ from tunekit._ray.pbt import (
 )
 from tunekit._ray.retention import (
     calling_scheduler,
+    drop_vanished_checkpoints,
     forget_checkpoints,
     registered_checkpoints,
     replace_checkpoint,
@@ -101,6 +103,7 @@ __all__ = [
     "clear_last_reported",
     "clone_in_place",
     "drop_color_reset_at_exit",
+    "drop_vanished_checkpoints",
     "finish_next_save_in_place",
     "forget_checkpoints",
     "forget_tunekit_metrics",

@@ -18,8 +18,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["calling_scheduler", "forget_checkpoints", "registered_checkpoints", "replace_checkpoint",
-           "scheduler_checkpoints", "set_aside_stale_train_snapshot"]
+__all__ = ["calling_scheduler", "drop_vanished_checkpoints", "forget_checkpoints", "registered_checkpoints",
+           "replace_checkpoint", "scheduler_checkpoints", "set_aside_stale_train_snapshot"]
 
 
 def registered_checkpoints(trial: Any) -> list[tuple[Any, dict[str, Any]]]:
@@ -44,6 +44,36 @@ def forget_checkpoints(trial: Any, paths: set[str]) -> None:
         manager._latest_checkpoint_result = newest
     trial.invalidate_json_state()
     trial.run_metadata.invalidate_cache()
+
+
+def drop_vanished_checkpoints(trial: Any) -> list[str]:
+    """Drop from Ray's bookkeeping of ``trial`` the checkpoints gone from storage; their paths are returned.
+
+    After a killed driver Ray's index is the one in its last experiment state, written every few seconds:
+    checkpoints ``num_to_keep`` (or ``KeepCheckpoints``) deleted after it are still named there, and the next
+    checkpoint registered makes Ray delete one of them again, which fails (``FileNotFoundError``) and errors
+    the trial. The latest checkpoint stays named (the trial is restored from it, or from what stands in for
+    it: :func:`tunekit._restoring.prepare_restore`); out of the list Ray deletes from, it is never deleted.
+    """
+    manager = trial.run_metadata.checkpoint_manager
+    named = [r for r in manager._checkpoint_results if r.checkpoint is not None]
+    if not named:
+        return []
+    import pyarrow.fs as pafs
+
+    by_fs: dict[int, tuple[Any, list[Any]]] = {}
+    for r in named:
+        by_fs.setdefault(id(r.checkpoint.filesystem), (r.checkpoint.filesystem, []))[1].append(r)
+    gone = set()
+    for fs, results in by_fs.values():
+        infos = fs.get_file_info([r.checkpoint.path for r in results])
+        gone |= {r.checkpoint.path for r, info in zip(results, infos) if info.type == pafs.FileType.NotFound}
+    if gone:
+        manager._checkpoint_results = [r for r in manager._checkpoint_results
+                                       if r.checkpoint is None or r.checkpoint.path not in gone]
+        trial.invalidate_json_state()
+        trial.run_metadata.invalidate_cache()
+    return sorted(gone)
 
 
 def replace_checkpoint(trial: Any, old: str, checkpoint: Any, metrics: dict[str, Any]) -> None:
