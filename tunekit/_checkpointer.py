@@ -57,10 +57,13 @@ from tunekit.device import trial_device
 from tunekit.errors import CheckpointError
 from tunekit.hparams import changed_hyperparameters
 from tunekit.results import RESTORED_FROM_KEY
+
+#: The metadata key of :attr:`TrialContent.origin`.
+ORIGIN = "restored_from"
 from tunekit.state import StateBuffers, TrainingState
 from tunekit.warm import apply_warm_start
 
-__all__ = ["TrialCheckpointer", "TrialContent"]
+__all__ = ["ORIGIN", "TrialCheckpointer", "TrialContent"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +89,9 @@ class TrialContent:
     apply: Callable[[dict[str, Any]], None]
     name: str
     metrics: dict[str, Any] | None = None
+    #: Whose checkpoint the state was last restored from, while no result has said so yet (a PBT clone saved
+    #: before it reports): kept in the checkpoint, so that a restore of it says so again.
+    origin: str | None = None
 
     def payload(self, into: StateBuffers | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """``(state dict, metadata)`` of a checkpoint of the state now (``into``: snapshot buffers, reused)."""
@@ -102,6 +108,8 @@ class TrialContent:
             "models": sorted(self.state.models),
             "metrics": dict(self.metrics or {}),
         }
+        if self.origin:
+            metadata[ORIGIN] = self.origin
         return sd, metadata
 
     def write(self, directory: str | os.PathLike[str], *, durable: bool = True) -> None:
@@ -218,6 +226,8 @@ class TrialCheckpointer:
         """
         iteration, start = self.trainable.iteration, time.perf_counter()
         self.wait()
+        if content is not None:
+            content.origin = self.restored_from  # (not reported yet: see :meth:`_carried_origin`)
         result, waits = None, self._sync_next or self._sync_all  # this save returns once its write is done
         if not checkpoint_dir and self._last is not None and self._last[0] == iteration:
             result = save_again(self.trainable, self._last[1], durability=self.durability)
@@ -271,6 +281,7 @@ class TrialCheckpointer:
         self.restored_from = writer_trial(checkpoint)
         if direct is not None and (request := local_request(checkpoint)) is not None:
             try:
+                self._carried_origin(request.checkpoint.path)
                 return direct(request)
             except CheckpointError:
                 pass  # damaged: find what to restore instead, below
@@ -278,8 +289,24 @@ class TrialCheckpointer:
         if result is None:
             self.restored_from = None
             return afresh()
+        self._carried_origin(result.checkpoint.path)
         self._verified = result.checkpoint.path
         load(result)
+
+    def _carried_origin(self, directory: str) -> None:
+        """Restoring the trial's own checkpoint ``directory``: if it was saved after a PBT clone that no result
+        had reported yet (its ``restored_from``), the next result reports the donor, not the trial itself.
+        Else the exploit is not in the trial's rows when the driver that saw it was killed, and its jump in
+        iterations reads as rows lost."""
+        storage = _ray.trainable_storage(self.trainable)
+        if storage is None or self.restored_from != getattr(storage, "trial_dir_name", None):
+            return
+        try:
+            origin = read_metadata(directory).get(ORIGIN)
+        except CheckpointError:
+            return
+        if isinstance(origin, str) and origin:
+            self.restored_from = origin
 
     def must_verify(self, directory: str | os.PathLike[str]) -> bool:
         """Whether loading ``directory`` must verify it (not the checkpoint :meth:`restore` verified)."""

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import pyarrow.fs as pafs
+import pytest
 import torch
 
 from tunekit import read_metadata, read_state, verify_checkpoint, write_checkpoint
@@ -290,3 +291,48 @@ def test_a_checkpoint_ray_is_deleting_is_left_to_ray_and_a_dead_writers_announce
     assert sorted(os.listdir(trial)) == ["checkpoint_000000", "checkpoint_000002"]
     pafs.LocalFileSystem().delete_dir(str(being_deleted))  # Ray's deletion completes: it finds its directory
     assert verify_checkpoint(final).ok
+
+
+@pytest.mark.parametrize("kind", ["class", "function"])
+def test_a_clone_saved_before_it_reported_says_whose_state_it_holds_when_restored_from_that_save(kind, tmp_path):
+    """Seen in the chaos injector's ``driver`` scenario (rows 12-13 "lost"): a PBT clone's first result names
+    the donor (``tunekit/restored_from``); a driver killed before that row was kept, then the clone restored
+    from its own checkpoint saved just after the exploit, must name the donor again, or the jump in its
+    iterations reads as rows lost. A retry from a checkpoint saved once the donor was reported names itself."""
+    from tunekit import _ray
+    from tunekit.results import RESTORED_FROM_KEY
+    from tunekit.trainables import DigitsTrainable, TrainDigits
+
+    cls = DigitsTrainable if kind == "class" else TrainDigits
+    config = {"hidden_size": 8, "steps_per_iteration": 2, "seed": 1}
+
+    def worker(trial):
+        return cls(config=config, storage=_ray.offline_storage(str(tmp_path), trial))
+
+    donor = worker("donor")
+    try:
+        for _ in range(3):
+            donor.train()
+        donated = donor.save()
+    finally:
+        donor.stop()
+    clone = worker("clone")
+    try:
+        clone.train()
+        clone.restore(donated)  # the exploit
+        saved = clone.save()  # PBT saves the clone before it reports (its worker is killed then)
+    finally:
+        clone.stop()
+    again = worker("clone")  # the retry, from the clone's own checkpoint
+    try:
+        again.restore(saved)
+        assert again.train()[RESTORED_FROM_KEY] == "donor"
+        reported = again.save()  # the donor is in a result now: this one is the clone's own state
+    finally:
+        again.stop()
+    last = worker("clone")
+    try:
+        last.restore(reported)
+        assert last.train()[RESTORED_FROM_KEY] == "clone"
+    finally:
+        last.stop()
