@@ -12,7 +12,13 @@ learns M from the kills; checkpoints within 5% of training time) and ``daly``: t
 (:func:`tunekit.interval.expected_runtime`, with C measured in the run, the restart cost R and Tune's
 fixed start-and-end cost given: ``--restart-s``, ``--fixed-s``).
 
-    python benchmarks/interval.py --regimes 4,15,60 --work 300 --iter-s 0.1 --mb 40
+    python benchmarks/interval.py --regimes 4,15,60 --work 150 --iter-s 0.2 --mb 16 --policies 1,10,50,autopilot --seed S
+
+(the figures at the head of ``benchmarks/README.md``: 0.2 s iterations and ~0.02 s saves put Daly's optimum
+at 2 to 8 iterations over the three regimes, between the fixed 1 and 10; with 0.1 s iterations and 40 MB,
+the earlier configuration, "every 10" sits within a few percent of the optimum in all three.) Each seed is
+one schedule of kill times for every policy of a regime (a kill that finds no worker, one restarting, is
+skipped).
 """
 
 from __future__ import annotations

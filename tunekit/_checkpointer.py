@@ -57,13 +57,13 @@ from tunekit.device import trial_device
 from tunekit.errors import CheckpointError
 from tunekit.hparams import changed_hyperparameters
 from tunekit.results import RESTORED_FROM_KEY
-
-#: The metadata key of :attr:`TrialContent.origin`.
-ORIGIN = "restored_from"
 from tunekit.state import StateBuffers, TrainingState
 from tunekit.warm import apply_warm_start
 
 __all__ = ["ORIGIN", "TrialCheckpointer", "TrialContent"]
+
+#: The metadata key of :attr:`TrialContent.origin`.
+ORIGIN = "restored_from"
 
 logger = logging.getLogger(__name__)
 

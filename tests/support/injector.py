@@ -109,7 +109,9 @@ class Injector:
                 if path in seen:
                     continue
                 seen[path] = now
-                if rng.random() < self.writes:  # somewhere inside the write: it takes about as long as others
+                # no draw when no write is aimed at: random kills then follow one schedule per seed, whatever
+                # the writes (benchmarks/interval.py compares policies on it)
+                if self.writes and rng.random() < self.writes:  # inside the write: about as long as others
                     typical = sorted(durations)[len(durations) // 2] if durations else 0.05
                     doomed[path] = (pid, now + rng.uniform(0.0, 1.2 * typical))
             for path in [p for p in seen if p not in writes and p not in doomed and seen[p] > 0]:
