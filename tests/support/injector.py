@@ -97,7 +97,10 @@ class Injector:
 
     # -- the thread ------------------------------------------------------------------
     def _run(self) -> None:
+        # two generators from one seed: the random kills (times, worker chosen) follow one schedule per seed
+        # whatever the writes do (benchmarks/interval.py compares policies on it), and the write dice theirs
         rng = random.Random(self.seed)
+        dice = random.Random(f"writes:{self.seed}")
         seen: dict[str, float] = {}  # staging directory -> when it was first seen
         durations: list[float] = []  # how long the writes let through took (staging seen to gone)
         doomed: dict[str, tuple[int, float]] = {}  # staging directory -> (writer, when to kill it)
@@ -109,11 +112,9 @@ class Injector:
                 if path in seen:
                     continue
                 seen[path] = now
-                # no draw when no write is aimed at: random kills then follow one schedule per seed, whatever
-                # the writes (benchmarks/interval.py compares policies on it)
-                if self.writes and rng.random() < self.writes:  # inside the write: about as long as others
+                if dice.random() < self.writes:  # inside the write: about as long as others
                     typical = sorted(durations)[len(durations) // 2] if durations else 0.05
-                    doomed[path] = (pid, now + rng.uniform(0.0, 1.2 * typical))
+                    doomed[path] = (pid, now + dice.uniform(0.0, 1.2 * typical))
             for path in [p for p in seen if p not in writes and p not in doomed and seen[p] > 0]:
                 durations.append(now - seen[path])
                 seen[path] = -1.0  # measured once
