@@ -11,7 +11,9 @@ one run (interleaved when ``--repeats`` > 1, best of each reported):
 * ``class``: the same training as a :class:`tunekit.TorchTrainable`;
 * ``function``: the same as a training function with a
   :class:`tunekit.FunctionSession`, wrapped by :func:`tunekit.function_trainable`;
-* ``class+callbacks``: ``class`` with ``ParquetLogger()`` and ``ProgressPrinter("loss")``.
+* ``class+callbacks``: ``class`` with ``ParquetLogger()``, ``ProgressPrinter("loss")`` and
+  ``KeepCheckpoints(trial_latest=1, experiment_best=5, ...)`` (``--callbacks``: some of them, to see what
+  each costs).
 
 Per-trial attribution from the trials' own timings: every worker logs how
 long each ``setup``, ``reset``, ``train``, ``save`` and ``stop`` took; the
@@ -50,6 +52,7 @@ from pbt import PHASES_ENV, clear_phases, fit_and_read_phases, timed, worker_tim
 from tunekit import FunctionSession, TorchTrainable, TrainingState, function_trainable  # noqa: E402
 
 VARIANTS = ("plain", "class", "function", "class+callbacks")
+CALLBACKS = ("parquet", "progress", "keep")  # class+callbacks' callbacks (--callbacks: some of them)
 PHASES = ("setup", "reset", "step", "first step after", "save", "save (nothing new)", "restore", "stop")
 
 
@@ -134,15 +137,16 @@ def _trainable(variant: str) -> type:
 
 
 def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: int,
-           phases_dir: str, scheduler: str = "fifo") -> tuple[float, dict[str, list[float]]]:
+           phases_dir: str, scheduler: str = "fifo",
+           callback_names: tuple[str, ...] = CALLBACKS) -> tuple[float, dict[str, list[float]]]:
     from ray.tune.schedulers import ASHAScheduler
 
     from tunekit.callbacks import KeepCheckpoints, ParquetLogger, ProgressPrinter
 
     clear_phases(phases_dir)
-    callbacks = [ParquetLogger(), ProgressPrinter("loss", stream=open(os.devnull, "w")),
-                 KeepCheckpoints(trial_latest=1, experiment_best=5, metric="loss", mode="min")] \
-        if variant == "class+callbacks" else []
+    made = {"parquet": ParquetLogger, "progress": lambda: ProgressPrinter("loss", stream=open(os.devnull, "w")),
+            "keep": lambda: KeepCheckpoints(trial_latest=1, experiment_best=5, metric="loss", mode="min")}
+    callbacks = [made[name]() for name in callback_names] if variant == "class+callbacks" else []
     from tunekit.schedulers import ASHAKeepWorkersBusy, FIFOKeepWorkersBusy
 
     asha = dict(metric="loss", mode="min", max_t=iterations, grace_period=1, reduction_factor=2)
@@ -174,16 +178,19 @@ def _time_command(args: list[str], runs: int = 3) -> str:
     return f"{best:6.2f} s (exit {code})"
 
 
-def _child(args: argparse.Namespace, variant: str, trials: int, keep: str | None = None) -> tuple[float, float, str]:
-    """One sweep in a fresh driver process: its wall time (s), the driver's peak RSS (MiB), the workers that trained."""
+def _child(args: argparse.Namespace, variant: str, trials: int,
+           keep: str | None = None) -> tuple[float, float, str, float]:
+    """One sweep in a fresh driver process: its wall time (s), the driver's peak RSS (MiB), the workers that
+    trained, the driver process's CPU time (s; its every thread, Ray's start and the imports included)."""
     done = subprocess.run([sys.executable, __file__, "--trials", str(trials), "--iterations", str(args.iterations),
                            "--variants", variant, "--scheduler", args.scheduler, "--print-peak-rss",
+                           "--callbacks", args.callbacks,
                            *(["--keep", keep] if keep else [])], capture_output=True, text=True, check=False)
     said = dict(line.split(" ", 1) for line in done.stdout.splitlines()
-                if line.startswith(("peak-rss-kib ", "wall-s ", "workers ")))
-    if done.returncode or len(said) != 3:
+                if line.startswith(("peak-rss-kib ", "wall-s ", "workers ", "cpu-s ")))
+    if done.returncode or len(said) != 4:
         raise SystemExit(f"{variant} at {trials} trials failed: {done.stderr.strip().splitlines()[-3:]}")
-    return float(said["wall-s"]), int(said["peak-rss-kib"]) / 1024, said["workers"]
+    return float(said["wall-s"]), int(said["peak-rss-kib"]) / 1024, said["workers"], float(said["cpu-s"])
 
 
 def _fresh(args: argparse.Namespace, variants: list[str]) -> int:
@@ -193,10 +200,10 @@ def _fresh(args: argparse.Namespace, variants: list[str]) -> int:
     for repeat in range(args.repeats):
         for variant in variants[repeat % len(variants):] + variants[:repeat % len(variants)]:
             keep = os.path.join(args.keep, f"r{repeat}") if args.keep else None
-            wall, peak, workers = _child(args, variant, args.trials, keep)
+            wall, peak, workers, cpu = _child(args, variant, args.trials, keep)
             every[variant].append(wall)
-            print(f"  {variant:16s} run {repeat + 1}: {wall:7.1f} s  (driver peak RSS {peak:6.1f} MiB), {workers}",
-                  flush=True)
+            print(f"  {variant:16s} run {repeat + 1}: {wall:7.1f} s  (driver: peak RSS {peak:6.1f} MiB, CPU "
+                  f"{cpu:5.1f} s), {workers}", flush=True)
     print(f"\n{args.trials} trials x {args.iterations} iterations, {args.scheduler}, a fresh driver per sweep; "
           "each run against plain's run of the same round")
     plain = every.get("plain")
@@ -246,12 +253,17 @@ def main(argv: list[str] | None = None) -> int:
                              "process per sweep), and tunekit's growth against plain's per 1,000 trials")
     parser.add_argument("--fresh", action="store_true",
                         help="each sweep in a driver process of its own, the variants' order rotated each round")
+    parser.add_argument("--callbacks", default=",".join(CALLBACKS),
+                        help=f"class+callbacks' callbacks, some of {CALLBACKS} (default: all)")
     parser.add_argument("--print-peak-rss", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--keep", metavar="DIR", help="keep the experiments: make them in DIR, not a temporary one")
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
+    args.callbacks_chosen = [c for c in args.callbacks.split(",") if c]
     if sorted(set(variants) - set(VARIANTS)) or args.repeats < 1 or args.trials < 1:
         parser.error(f"--variants from {VARIANTS}, --repeats and --trials >= 1")
+    if set(args.callbacks_chosen) - set(CALLBACKS):
+        parser.error(f"--callbacks: some of {','.join(CALLBACKS)} (comma-separated), got {args.callbacks!r}")
     if args.driver_memory:
         return _driver_memory(args, variants)
     if args.fresh:
@@ -282,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             for variant in variants:
                 name = f"{variant.replace('+', '_')}-{repeat}"
                 wall, phases = _sweep(root, name, variant, trials=args.trials, iterations=args.iterations,
-                                      phases_dir=phases_dir, scheduler=args.scheduler)
+                                      phases_dir=phases_dir, scheduler=args.scheduler,
+                                      callback_names=tuple(args.callbacks_chosen))
                 every[variant].append(wall)
                 print(f"  {variant:16s} run {repeat + 1}: {wall:7.1f} s, {workers_trained(phases)}", flush=True)
                 if wall < walls.get(variant, float("inf")):
@@ -292,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_peak_rss:
         import resource
 
-        print(f"peak-rss-kib {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}")
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        print(f"peak-rss-kib {usage.ru_maxrss}")
+        print(f"cpu-s {usage.ru_utime + usage.ru_stime:.1f}")
         print(f"wall-s {every[variants[0]][0]}")
         print(f"workers {workers_trained(logs[variants[0]])}")
         if not args.keep:

@@ -1,7 +1,6 @@
 """Saving one trial's checkpoint: the two-phase pipeline, in-place writes, second saves as links.
 
-Implementation tier, shared by :class:`tunekit.TorchTrainable` and the function
-adapter (:func:`tunekit.function_trainable`).
+Implementation tier, shared by :class:`tunekit.TorchTrainable` and :func:`tunekit.function_trainable`.
 
 Saving to local storage goes through :func:`save_in_place`: the checkpoint is
 written once, in a staging directory beside its final one
@@ -64,6 +63,7 @@ from tunekit import _env, _ray
 from tunekit._ray import TrainingResult
 from tunekit._announced import announce, claim_index, drop_unregistered
 from tunekit._pins import release_adopted_pin
+from tunekit._priority import lend_priority, submit_below
 from tunekit._trial_dir import CHECKPOINT_DIR, keep_newest_complete, link_tree, stage_checkpoint, tidy
 from tunekit.checkpoint import confirm_upload, fsync_paths, write_checkpoint, write_phase
 from tunekit.errors import CheckpointError, first_line
@@ -77,7 +77,6 @@ __all__ = [
     "commit_checkpoint",
     "confirm_remote_upload",
     "drain_writes",
-    "lower_priority",
     "save_again",
     "save_in_place",
     "save_snapshot",
@@ -87,20 +86,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-#: Write and fsync helper threads' CPU priority (nice) below the training thread's: on a busy machine a
-#: background write takes spare cycles and training keeps its own.
-_WRITER_NICE = 10
-
-
-def lower_priority() -> None:
-    """Run this helper thread at a lower CPU priority than training (Linux: per thread)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _WRITER_NICE)
-    except (AttributeError, OSError):  # no per-thread priorities here; the write still runs
-        pass
-
-
-_SYNCER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-fsync", initializer=lower_priority)
+_SYNCER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-fsync")
 
 
 class Durability:
@@ -122,13 +108,14 @@ class Durability:
         paths = sorted(p for p in path.rglob("*") if p.is_file()) + [path, path.parent]
         with self._lock:
             self._pending[:] = [f for f in self._pending if not f.done() or f.exception()]
-            self._pending.append(_SYNCER.submit(fsync_paths, paths))
+            self._pending.append(submit_below(_SYNCER, fsync_paths, paths))
 
     def wait(self) -> None:
         """Block until every directory given to :meth:`sync` is on disk; raise the first fsync error."""
         with self._lock:
             pending, self._pending[:] = list(self._pending), []
         for future in pending:
+            lend_priority(future)
             future.result()
 
 
@@ -145,7 +132,7 @@ def trainable_spec(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-save", initializer=lower_priority)
+_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-save")
 #: Writes whose save waits for them (:attr:`BackgroundSaves.urgent`), at training's priority: training waits.
 _URGENT = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-save-now")
 
@@ -194,6 +181,7 @@ class BackgroundSaves:
         future, self._future = self._future, None
         if future is None:
             return
+        lend_priority(future)  # (training waits for it now: not below training's priority any more)
         error = future.exception()
         previous, self._previous_trial = self._previous_trial, False
         if error is None:
@@ -220,7 +208,8 @@ class BackgroundSaves:
     def submit(self, target: str, job: Callable[[], None]) -> None:
         self.wait()
         self._target = target
-        self._future = (_URGENT if self.urgent else _WRITER).submit(self._timed, job)
+        self._future = (submit_below(_URGENT, self._timed, job, step=0) if self.urgent
+                        else submit_below(_WRITER, self._timed, job))
 
     def _timed(self, job: Callable[[], None]) -> None:
         start = time.perf_counter()
@@ -311,7 +300,7 @@ def commit_checkpoint(staging: str, final: str, write: Callable[[str], None], du
         os.rename(staging, final)
         write_phase("committed")
     except BaseException as exc:
-        written = _local_bytes(staging) if _no_space(exc) else None
+        written = directory_bytes(pafs.LocalFileSystem(), staging) if _no_space(exc) else None
         shutil.rmtree(staging, ignore_errors=True)
         if written is not None:
             raise CheckpointError(_no_space_line(final, written)) from exc
@@ -336,10 +325,6 @@ def _no_space(exc: BaseException) -> bool:
     return False
 
 
-def _local_bytes(path: str) -> int:
-    return directory_bytes(pafs.LocalFileSystem(), path)
-
-
 def _no_space_line(final: str, written: int) -> str:
     """One line: where the disk is full, about how many bytes the checkpoint needs, how many are free."""
     from tunekit.table import format_bytes
@@ -347,8 +332,8 @@ def _no_space_line(final: str, written: int) -> str:
     parent, name = os.path.split(final)
     previous = [e for e in os.scandir(parent) if CHECKPOINT_DIR.match(e.name) and e.path != final] \
         if os.path.isdir(parent) else []
-    sizes = [written] + ([_local_bytes(max(previous, key=lambda e: e.name).path)] if previous else [])
-    needs = max(sizes)  # the previous checkpoint holds the same state: about as many bytes
+    newest = max(previous, key=lambda e: e.name).path if previous else None
+    needs = max(written, directory_bytes(pafs.LocalFileSystem(), newest) if newest else 0)  # (the same state)
     free = shutil.disk_usage(parent).free if os.path.isdir(parent) else 0
     return (f"no space left on the device of {parent}: {name} needs about {format_bytes(needs)} ({needs} bytes), "
             f"{format_bytes(free)} free; its partial write was removed, the trial's previous checkpoint is untouched")

@@ -173,9 +173,11 @@ def test_a_write_its_save_waits_for_runs_at_trainings_priority_others_below_it()
     from tunekit._saving import BackgroundSaves
 
     def priority_of_write(urgent: bool) -> int:
-        saves, seen = BackgroundSaves(), []
+        saves, seen, written = BackgroundSaves(), [], threading.Event()
         saves.urgent = urgent
-        saves.submit("target", lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        saves.submit("target", lambda: (seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())),
+                                        written.set()))
+        written.wait()  # (not ``saves.wait()`` first: a write waited for is raised to the waiter's priority)
         saves.wait()
         return seen[0]
 
@@ -183,3 +185,59 @@ def test_a_write_its_save_waits_for_runs_at_trainings_priority_others_below_it()
     assert priority_of_write(urgent=False) > training
     assert priority_of_write(urgent=True) == training
     assert priority_of_write(urgent=False) > training  # the next write that is not waited for: below again
+
+
+_NICE_15 = textwrap.dedent("""
+    import os, threading
+    from concurrent.futures import ThreadPoolExecutor
+    import tunekit._saving as saving
+    from tunekit._priority import lend_priority, submit_below
+    def nice():
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 15)  # as Ray starts its workers
+    def write(urgent):  # (what it runs at before anyone waits for it: then it is raised, see below)
+        saves, seen, written = saving.BackgroundSaves(), [], threading.Event()
+        saves.urgent = urgent
+        saves.submit("target", lambda: (seen.append(nice()), written.set()))
+        written.wait()
+        saves.wait()
+        return seen[0]
+    seen, synced = [], threading.Event()
+    saving.fsync_paths = lambda paths: (seen.append(nice()), synced.set())
+    durability = saving.Durability()
+    durability.sync(os.getcwd())
+    synced.wait()
+    durability.wait()
+    # Waited for: a job runs at the waiter's priority (lowering a nice may need privilege: then it stays)
+    def may_lower():
+        out = []
+        def probe():
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 15)
+                out.append(True)
+            except OSError:
+                out.append(False)
+        t = threading.Thread(target=probe); t.start(); t.join()
+        return out[0]
+    pool, started, go, lent = ThreadPoolExecutor(1), threading.Event(), threading.Event(), []
+    running = submit_below(pool, lambda: (started.set(), go.wait(), lent.append(nice())))
+    queued = submit_below(pool, lambda: lent.append(nice()))
+    started.wait()
+    lend_priority(running)
+    lend_priority(queued)
+    go.set()
+    queued.result()
+    print(write(False), write(True), seen[0], *lent, may_lower())
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority") or sys.platform != "linux", reason="per-thread priorities: Linux")
+def test_background_writes_run_below_a_ray_workers_priority_and_at_it_when_waited_for(tmp_path):
+    """Ray starts its workers at nice 15: a background write and fsync run below that (once they ran at an absolute
+    nice 10, above training), a write its save waits for at it; a job the caller waits for (running, or not yet
+    started) is raised to the caller's priority."""
+    done = subprocess.run([sys.executable, "-c", _NICE_15], capture_output=True, text=True, check=True, cwd=tmp_path)
+    background, urgent, fsync, running, queued, may_lower = done.stdout.split()
+    assert (int(background), int(urgent), int(fsync)) == (19, 15, 19)
+    assert (int(running), int(queued)) == ((15, 15) if may_lower == "True" else (19, 19))
