@@ -35,42 +35,16 @@ if TYPE_CHECKING:
     from ray import tune
 
 __all__ = [
-    "CheckpointLocation",
-    "CheckpointReport",
-    "MANIFEST_FILE",
-    "MANIFEST_FORMAT",
-    "METADATA_FILE",
-    "MISSING",
-    "NOT_WRITTEN",
-    "STATE_FILE",
-    "UnsupportedManifest",
-    "WRITTEN_HASH",
-    "confirm_upload",
-    "digest_bytes",
-    "hash_file",
-    "is_foreign_checkpoint",
-    "is_tunekit_checkpoint",
-    "json_safe",
-    "locate",
-    "manifest_bytes",
-    "manifest_version",
-    "new_hash",
-    "read_metadata",
-    "unsupported_format",
-    "verify_checkpoint",
-    "verify_directory",
+    "CheckpointLocation", "CheckpointReport", "MANIFEST_FILE", "MANIFEST_FORMAT", "METADATA_FILE", "MISSING",
+    "NOT_WRITTEN", "STATE_FILE", "UnsupportedManifest", "WRITTEN_HASH", "confirm_upload", "digest_bytes", "hash_file",
+    "is_foreign_checkpoint", "is_tunekit_checkpoint", "json_safe", "locate", "manifest_bytes", "manifest_version",
+    "new_hash", "read_metadata", "size_problems", "unsupported_format", "verify_checkpoint", "verify_directory",
 ]
 
 
 STATE_FILE = "state.pt"
-
-
 METADATA_FILE = "tunekit.json"
-
-
 MANIFEST_FILE = "manifest.json"
-
-
 MANIFEST_FORMAT = "tunekit-manifest/3"
 
 
@@ -306,6 +280,15 @@ def verify_checkpoint(location: CheckpointLocation) -> CheckpointReport:
 
 
 def _check_listing(fs: pafs.FileSystem, path: str, shown: str) -> list[str]:
+    listed = {
+        posixpath.relpath(info.path, path): info.size
+        for info in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        if info.type == pafs.FileType.File
+    }
+    return _size_problems(fs, path, listed)
+
+
+def _size_problems(fs: pafs.FileSystem, path: str, listed: dict[str, int]) -> list[str]:
     raw = _read_bytes(fs, posixpath.join(path, MANIFEST_FILE))
     if raw is None:
         return [f"no {MANIFEST_FILE}"]
@@ -315,18 +298,15 @@ def _check_listing(fs: pafs.FileSystem, path: str, shown: str) -> list[str]:
         return [f"{MANIFEST_FILE}: {exc}"]
     except (ValueError, TypeError) as exc:
         return [f"{MANIFEST_FILE} is damaged: {exc}"]
-    listed = {
-        posixpath.relpath(info.path, path): info.size
-        for info in fs.get_file_info(pafs.FileSelector(path, recursive=True))
-        if info.type == pafs.FileType.File
-    }
-    problems = []
-    for rel, entry in sorted(files.items()):
-        if rel not in listed:
-            problems.append(f"{rel}: missing")
-        elif listed[rel] != entry["size"]:
-            problems.append(f"{rel}: {listed[rel]} bytes, manifest says {entry['size']}")
-    return problems
+    return [f"{rel}: missing" if rel not in listed else f"{rel}: {listed[rel]} bytes, manifest says {entry['size']}"
+            for rel, entry in sorted(files.items()) if listed.get(rel) != entry["size"]]
+
+
+def size_problems(location: CheckpointLocation, listed: dict[str, int]) -> list[str]:
+    """What is wrong with a checkpoint by its manifest's sizes against ``listed`` (its files: path inside the
+    checkpoint -> bytes, from a listing the caller made): cheap, one read of the manifest, no hashing."""
+    where = locate(location)
+    return _storage_call(where, "check", _size_problems, where.filesystem, where.path, listed)
 
 
 def confirm_upload(location: CheckpointLocation) -> None:

@@ -62,8 +62,10 @@ def lend_priority(future: Future) -> None:
     """The calling thread is about to wait for ``future`` (from :func:`submit_below`): its job runs at the
     caller's priority from now on, when that is higher."""
     runner = getattr(future, "tunekit_job", None)
+    if runner is None or runner.nice is None or future.done():  # (the common case: no syscall)
+        return
     mine = thread_nice()
-    if runner is None or mine is None or future.done() or runner.nice is None or mine >= runner.nice:
+    if mine is None or mine >= runner.nice:
         return
     runner.nice = mine  # a job not started yet starts at it; a running one is raised now
     if runner.tid is not None:

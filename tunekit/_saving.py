@@ -1,6 +1,7 @@
 """Saving one trial's checkpoint: the two-phase pipeline, in-place writes, second saves as links.
 
-Implementation tier, shared by :class:`tunekit.TorchTrainable` and :func:`tunekit.function_trainable`.
+Implementation tier, shared by :class:`tunekit.TorchTrainable` and the function
+adapter (:func:`tunekit.function_trainable`).
 
 Saving to local storage goes through :func:`save_in_place`: the checkpoint is
 written once, in a staging directory beside its final one
@@ -300,7 +301,7 @@ def commit_checkpoint(staging: str, final: str, write: Callable[[str], None], du
         os.rename(staging, final)
         write_phase("committed")
     except BaseException as exc:
-        written = directory_bytes(pafs.LocalFileSystem(), staging) if _no_space(exc) else None
+        written = _local_bytes(staging) if _no_space(exc) else None
         shutil.rmtree(staging, ignore_errors=True)
         if written is not None:
             raise CheckpointError(_no_space_line(final, written)) from exc
@@ -325,6 +326,10 @@ def _no_space(exc: BaseException) -> bool:
     return False
 
 
+def _local_bytes(path: str) -> int:
+    return directory_bytes(pafs.LocalFileSystem(), path)
+
+
 def _no_space_line(final: str, written: int) -> str:
     """One line: where the disk is full, about how many bytes the checkpoint needs, how many are free."""
     from tunekit.table import format_bytes
@@ -332,8 +337,8 @@ def _no_space_line(final: str, written: int) -> str:
     parent, name = os.path.split(final)
     previous = [e for e in os.scandir(parent) if CHECKPOINT_DIR.match(e.name) and e.path != final] \
         if os.path.isdir(parent) else []
-    newest = max(previous, key=lambda e: e.name).path if previous else None
-    needs = max(written, directory_bytes(pafs.LocalFileSystem(), newest) if newest else 0)  # (the same state)
+    sizes = [written] + ([_local_bytes(max(previous, key=lambda e: e.name).path)] if previous else [])
+    needs = max(sizes)  # the previous checkpoint holds the same state: about as many bytes
     free = shutil.disk_usage(parent).free if os.path.isdir(parent) else 0
     return (f"no space left on the device of {parent}: {name} needs about {format_bytes(needs)} ({needs} bytes), "
             f"{format_bytes(free)} free; its partial write was removed, the trial's previous checkpoint is untouched")

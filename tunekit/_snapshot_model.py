@@ -240,6 +240,13 @@ class ExperimentSnapshot:
             self.problems.append(f"checkpoint {checkpoint.uri} is {answer[1]}")
         return answer
 
+    def record_damage(self, checkpoint: CheckpointSummary, why: str) -> None:
+        """A cheaper check than :meth:`verdict` found ``checkpoint`` damaged (``why``: its status and what is
+        wrong): it does not verify, and the damage is in :attr:`problems`, once."""
+        if checkpoint.uri not in self._verdicts:
+            self._verdicts[checkpoint.uri] = (False, why)
+            self.problems.append(f"checkpoint {checkpoint.uri} is {why}")
+
     def _first_good(self, candidates: list[tuple[TrialSnapshot, CheckpointSummary]]) -> tuple[
             TrialSnapshot | None, CheckpointSummary | None, tuple[str, ...]]:
         skipped = []

@@ -110,9 +110,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.metric:
         snapshot.check_metric("--metric", args.metric)
     if args.json:
+        sizes = trial_checkpoint_bytes(snapshot)  # (first: it checks the checkpoints' sizes)
         best = snapshot.best_checkpoint(args.metric, args.mode) if args.metric else None
         payload = snapshot.as_dict()
-        sizes = trial_checkpoint_bytes(snapshot)
         for trial in payload["trials"]:
             trial["checkpoint_bytes"] = sizes.get(trial["trial_id"], 0)
         if args.metric:

@@ -26,7 +26,7 @@ from tunekit.errors import ExperimentError
 from tunekit.storage import Storage, storage_errors
 
 __all__ = ["CHECKPOINT_DIR", "CheckpointDir", "DAMAGED_COPY", "POINTER_KEY", "TRAIN_DIR", "TrialDir", "checkpoint_bytes",
-           "checkpoint_count", "find_trials", "root_files", "scan_experiment"]
+           "checkpoint_count", "checkpoint_files", "find_trials", "root_files", "scan_experiment"]
 
 _TRIAL_FILES = ("params.json", "result.json", "progress.csv", "error.txt")
 #: Where a multi-worker trial's Ray Train run keeps its checkpoints (:func:`tunekit.multiworker.train_trial`).
@@ -188,8 +188,14 @@ def checkpoint_count(names: Iterable[str]) -> str:
 
 def checkpoint_bytes(experiment: Storage) -> dict[str, int]:
     """``"trial dir/checkpoint_NNNNNN"`` -> the bytes of its files, from one recursive listing of ``experiment``."""
+    return {key: sum(files.values()) for key, files in checkpoint_files(experiment).items()}
+
+
+def checkpoint_files(experiment: Storage) -> dict[str, dict[str, int]]:
+    """``"trial dir/checkpoint_NNNNNN"`` (or a multi-worker trial's ``"trial dir/train/checkpoint_..."``) -> its
+    files (path inside the checkpoint -> bytes), from one recursive listing of ``experiment``."""
     root = experiment.path.rstrip("/") + "/"
-    out: dict[str, int] = {}
+    out: dict[str, dict[str, int]] = {}
     with storage_errors("list", experiment):
         infos = experiment.filesystem.get_file_info(pafs.FileSelector(experiment.path, recursive=True))
     for info in infos:
@@ -197,9 +203,7 @@ def checkpoint_bytes(experiment: Storage) -> dict[str, int]:
             continue
         parts = info.path[len(root):].split("/")
         if len(parts) > 2 and CHECKPOINT_DIR.match(parts[1]):
-            key = f"{parts[0]}/{parts[1]}"
-            out[key] = out.get(key, 0) + (info.size or 0)
+            out.setdefault(f"{parts[0]}/{parts[1]}", {})["/".join(parts[2:])] = info.size or 0
         elif len(parts) > 3 and parts[1] == TRAIN_DIR and parts[2].startswith("checkpoint_"):  # every rank's part
-            key = f"{parts[0]}/{TRAIN_DIR}/{parts[2]}"
-            out[key] = out.get(key, 0) + (info.size or 0)
+            out.setdefault(f"{parts[0]}/{TRAIN_DIR}/{parts[2]}", {})["/".join(parts[3:])] = info.size or 0
     return out

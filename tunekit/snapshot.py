@@ -29,10 +29,11 @@ import re
 from typing import Any
 
 from tunekit._checks import as_number
+from tunekit._manifest import MANIFEST_FILE, size_problems
 from tunekit.checkpoint import METADATA_FILE as METADATA_NAME
 from tunekit.checkpoint import read_metadata, unsupported_format
 from tunekit.errors import CheckpointError
-from tunekit.experiment_dir import TrialDir, checkpoint_bytes, root_files, scan_experiment
+from tunekit.experiment_dir import TRAIN_DIR, TrialDir, checkpoint_files, root_files, scan_experiment
 from tunekit.record import interrupted_trials
 from tunekit.results import (RESTORED_FROM_KEY, dedupe_lineage, exploits_by_trial, gc_paused, loads, parse_result_lines,
                              read_bytes, read_text, rows_lost)
@@ -42,21 +43,9 @@ from tunekit.storage import Storage, resolve_storage
 from tunekit._snapshot_model import (RAY_KEYS, BestCheckpoint, CheckpointSummary, ExperimentSnapshot, Exploit,
                                      TrialSnapshot, format_counts, ranked)
 __all__ = [
-    "BestCheckpoint",
-    "CheckpointSummary",
-    "ExperimentSnapshot",
-    "Exploit",
-    "PBT_LOG",
-    "RAY_KEYS",
-    "TrialSnapshot",
-    "error_message",
-    "format_counts",
-    "ranked",
-    "read_experiment",
-    "read_exploits",
-    "read_state_problems",
-    "trial_checkpoint_bytes",
-    "trial_tags",
+    "BestCheckpoint", "CheckpointSummary", "ExperimentSnapshot", "Exploit", "PBT_LOG", "RAY_KEYS", "TrialSnapshot",
+    "error_message", "format_counts", "ranked", "read_experiment", "read_exploits", "read_state_problems",
+    "trial_checkpoint_bytes", "trial_tags",
 ]
 
 _PICKLED, PBT_LOG = "CLOUDPICKLE_FALLBACK", "pbt_global.txt"  # (PBT_LOG: Ray's log of PBT exploits)
@@ -99,9 +88,17 @@ def _read_state(experiment: Storage, problems: list[str], damaged: list[str],
 
 
 def trial_checkpoint_bytes(snapshot: ExperimentSnapshot) -> dict[str, int]:
-    """Trial id -> the bytes of its checkpoints on storage (one listing of the experiment)."""
-    sizes = checkpoint_bytes(resolve_storage(snapshot.location))
-    return {t.trial_id: sum(sizes.get(f"{t.name}/{c.name}", 0) for c in t.checkpoints) for t in snapshot.trials}
+    """Trial id -> the bytes of its checkpoints, from one listing; every tunekit checkpoint's files checked
+    on the way against its manifest's sizes (no hashing): a missing or cut file is damage (``problems``)."""
+    files = checkpoint_files(resolve_storage(snapshot.location))
+    for trial in snapshot.trials:
+        for ckpt in trial.checkpoints:
+            if ckpt.tunekit and not ckpt.unsupported and not ckpt.name.startswith(f"{TRAIN_DIR}/"):
+                wrong = size_problems(ckpt.uri, files.get(f"{trial.name}/{ckpt.name}", {}))
+                if wrong and wrong != [f"no {MANIFEST_FILE}"]:  # (none yet: a write in flight, for verify)
+                    snapshot.record_damage(ckpt, f"corrupt: {'; '.join(wrong)}")
+    return {t.trial_id: sum(sum(files.get(f"{t.name}/{c.name}", {}).values()) for c in t.checkpoints)
+            for t in snapshot.trials}
 
 
 def read_state_problems(experiment: Storage) -> list[str]:

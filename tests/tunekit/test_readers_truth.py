@@ -48,6 +48,24 @@ def test_gc_on_a_copy_whose_newest_checkpoint_is_corrupt_keeps_the_newest_good_o
     assert newest.is_dir()  # the damaged one: shown, not deleted
 
 
+def test_status_finds_a_cut_checkpoint_file_without_a_metric_and_leaves_a_write_in_flight_to_verify(exp, capsys):
+    trial, paths = _with_checkpoints(exp, 2)
+    older, state = paths[0], paths[0] / "state.pt"
+    size = state.stat().st_size
+    with open(state, "r+b") as fh:
+        fh.truncate(size // 2)
+    in_flight = exp / trial.name / "checkpoint_000099"  # files written, manifest not yet
+    shutil.copytree(paths[-1], in_flight)
+    (in_flight / "manifest.json").unlink()
+    assert main(["status", str(exp)]) == 2
+    out, err = capsys.readouterr()
+    damage = f"{older.name} is corrupt: state.pt: {size // 2} bytes, manifest says {size}"
+    assert damage in out and damage in err and "checkpoint_000099" not in err
+    assert main(["status", str(exp), "--json"]) == 2
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert len(problems) == 1 and damage in problems[0]
+
+
 def test_status_exits_1_when_a_trial_is_in_error(ray_session, tmp_path, capsys):
     def fails(config):
         raise ValueError("boom")

@@ -68,7 +68,11 @@ def test_resume_after_kill_completes_every_trial_exactly(point, reference, stora
     after = read_experiment(str(exp))
     assert after.counts() == {"TERMINATED": 2}
     for trial in after.trials:
-        assert [r["training_iteration"] for r in trial.results] == list(range(1, STOP + 1))
+        # Ray's result.json may lose the rows its killed driver had not flushed (load decides which): each
+        # iteration once at most, through to the end, and whatever it lacks named by the read model.
+        its = [r["training_iteration"] for r in trial.results]
+        assert its == sorted(set(its)) and its[-1] == STOP, its
+        assert trial.missing_iterations == sorted(set(range(1, STOP + 1)) - set(its)), (its, trial.missing_iterations)
         final = read_state(trial.checkpoints[-1].uri)
         assert final["counters"]["iteration"] == STOP
         expected = reference[trial.config["seed"]]
