@@ -53,6 +53,8 @@ class CheckpointSummary:
     unsupported: str | None = None
     #: True when tunekit wrote it (its ``tunekit.json`` could be read).
     tunekit: bool = False
+    #: The sizes its manifest lists (path -> bytes); why its manifest cannot be read; None without one (yet).
+    manifest: dict[str, int] | str | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
         out = {"name": self.name, "uri": self.uri, "iteration": self.iteration, "metrics": self.metrics}

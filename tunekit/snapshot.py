@@ -29,9 +29,9 @@ import re
 from typing import Any
 
 from tunekit._checks import as_number
-from tunekit._manifest import MANIFEST_FILE, size_problems
+from tunekit._manifest import manifest_sizes, size_problems
 from tunekit.checkpoint import METADATA_FILE as METADATA_NAME
-from tunekit.checkpoint import read_metadata, unsupported_format
+from tunekit.checkpoint import read_metadata
 from tunekit.errors import CheckpointError
 from tunekit.experiment_dir import TRAIN_DIR, TrialDir, checkpoint_files, root_files, scan_experiment
 from tunekit.record import interrupted_trials
@@ -93,10 +93,12 @@ def trial_checkpoint_bytes(snapshot: ExperimentSnapshot) -> dict[str, int]:
     files = checkpoint_files(resolve_storage(snapshot.location))
     for trial in snapshot.trials:
         for ckpt in trial.checkpoints:
-            if ckpt.tunekit and not ckpt.unsupported and not ckpt.name.startswith(f"{TRAIN_DIR}/"):
-                wrong = size_problems(ckpt.uri, files.get(f"{trial.name}/{ckpt.name}", {}))
-                if wrong and wrong != [f"no {MANIFEST_FILE}"]:  # (none yet: a write in flight, for verify)
-                    snapshot.record_damage(ckpt, f"corrupt: {'; '.join(wrong)}")
+            if ckpt.manifest is None or ckpt.name.startswith(f"{TRAIN_DIR}/"):
+                continue  # (none yet: a write in flight, for verify)
+            wrong = [ckpt.manifest] if isinstance(ckpt.manifest, str) else \
+                size_problems(ckpt.manifest, files.get(f"{trial.name}/{ckpt.name}", {}))
+            if wrong:
+                snapshot.record_damage(ckpt, f"corrupt: {'; '.join(wrong)}")
     return {t.trial_id: sum(sum(files.get(f"{t.name}/{c.name}", {}).values()) for c in t.checkpoints)
             for t in snapshot.trials}
 
@@ -195,8 +197,9 @@ def _checkpoints(
             k: v for k, v in {**saved, **row}.items()
             if as_number(v) is not None and k != "training_iteration"
         }
-        out.append(CheckpointSummary(ckpt.name, ckpt.location.uri, iteration, metrics,
-                                     unsupported_format(ckpt.location) if meta else None, tunekit=bool(meta)))
+        unsupported, listed = manifest_sizes(ckpt.location) if meta else (None, None)
+        out.append(CheckpointSummary(ckpt.name, ckpt.location.uri, iteration, metrics, unsupported, tunekit=bool(meta),
+                                     manifest=listed))
     return out
 
 

@@ -50,20 +50,22 @@ def test_gc_on_a_copy_whose_newest_checkpoint_is_corrupt_keeps_the_newest_good_o
 
 def test_status_finds_a_cut_checkpoint_file_without_a_metric_and_leaves_a_write_in_flight_to_verify(exp, capsys):
     trial, paths = _with_checkpoints(exp, 2)
-    older, state = paths[0], paths[0] / "state.pt"
-    size = state.stat().st_size
-    with open(state, "r+b") as fh:
-        fh.truncate(size // 2)
     in_flight = exp / trial.name / "checkpoint_000099"  # files written, manifest not yet
     shutil.copytree(paths[-1], in_flight)
     (in_flight / "manifest.json").unlink()
+    state, manifest = paths[0] / "state.pt", paths[1] / "manifest.json"
+    size = state.stat().st_size
+    for path, keep in ((state, size // 2), (manifest, 40)):
+        with open(path, "r+b") as fh:
+            fh.truncate(keep)
     assert main(["status", str(exp)]) == 2
     out, err = capsys.readouterr()
-    damage = f"{older.name} is corrupt: state.pt: {size // 2} bytes, manifest says {size}"
-    assert damage in out and damage in err and "checkpoint_000099" not in err
+    cut = f"{paths[0].name} is corrupt: state.pt: {size // 2} bytes, manifest says {size}"
+    torn = f"{paths[1].name} is corrupt: manifest.json is damaged"
+    assert cut in out and cut in err and torn in err and "checkpoint_000099" not in err
     assert main(["status", str(exp), "--json"]) == 2
     problems = json.loads(capsys.readouterr().out)["problems"]
-    assert len(problems) == 1 and damage in problems[0]
+    assert len(problems) == 2 and cut in problems[0] + problems[1] and torn in problems[0] + problems[1]
 
 
 def test_status_exits_1_when_a_trial_is_in_error(ray_session, tmp_path, capsys):
