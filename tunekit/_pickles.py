@@ -12,7 +12,7 @@ import pyarrow.fs as pafs
 
 from tunekit.storage import Storage
 
-__all__ = ["DRIVER_STATES", "TUNER_PKL", "driver_state_problem", "pickle_globals", "pickle_problem", "read_tuner_pickle",
+__all__ = ["DRIVER_STATES", "TUNER_PKL", "driver_state_damage", "driver_state_problem", "pickle_globals", "pickle_problem", "read_tuner_pickle",
            "tuner_pickle_problem"]
 
 TUNER_PKL = "tuner.pkl"
@@ -83,3 +83,13 @@ def driver_state_problem(experiment: Storage, files: list[str]) -> str | None:
         if why:
             return f"{names[-1]} is damaged ({why})"
     return None
+
+
+def driver_state_damage(experiment: Storage) -> str | None:
+    """:func:`driver_state_problem` of ``experiment`` as the readers (``status``, ``report``, ``verify``) say it:
+    what it means and what still continues the trials."""
+    from tunekit.experiment_dir import root_files
+
+    torn = driver_state_problem(experiment, root_files(experiment))
+    return f"{torn}: Ray would start the experiment over; `tunekit resume` continues the trials from tunekit's " \
+        "record" if torn else None

@@ -102,13 +102,17 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
+    from tunekit._pickles import driver_state_damage
     from tunekit.snapshot import read_experiment, trial_checkpoint_bytes
+    from tunekit.storage import resolve_storage
 
     if bool(args.metric) != bool(args.mode):
         raise _UsageError("tunekit status: --metric and --mode go together")
     snapshot = read_experiment(args.experiment)
     if args.metric:
         snapshot.check_metric("--metric", args.metric)
+    if torn := driver_state_damage(resolve_storage(snapshot.location)):  # (Ray's searcher, callback states)
+        snapshot.problems.append(torn)
     if args.json:
         sizes = trial_checkpoint_bytes(snapshot)  # (first: it checks the checkpoints' sizes)
         best = snapshot.best_checkpoint(args.metric, args.mode) if args.metric else None

@@ -254,17 +254,13 @@ def _registered_checks(experiment: Storage, trials: list[Any]) -> list[Checkpoin
 def experiment_file_problems(experiment: Storage) -> list[str]:
     """Damage to Ray's own files of the experiment (``tuner.pkl``, experiment state, search algorithm and
     callback state), read as data only."""
-    from tunekit._pickles import driver_state_problem, tuner_pickle_problem
-    from tunekit.experiment_dir import root_files
+    from tunekit._pickles import driver_state_damage, tuner_pickle_problem
     from tunekit.snapshot import read_state_problems
 
     torn = tuner_pickle_problem(experiment)
     problems = [f"{torn}; `tunekit resume` can still continue the trials"] if torn else []
-    driver = driver_state_problem(experiment, root_files(experiment))
-    if driver:
-        problems.append(f"{driver}: Ray would start the experiment over; `tunekit resume` continues the trials "
-                        "from tunekit's record")
-    return problems + read_state_problems(experiment)
+    driver = driver_state_damage(experiment)
+    return problems + ([driver] if driver else []) + read_state_problems(experiment)
 
 
 #: Hidden copies of whole checkpoints (``tunekit._trial_dir.leftovers``' kinds) and what each is.

@@ -68,6 +68,15 @@ def test_status_finds_a_cut_checkpoint_file_without_a_metric_and_leaves_a_write_
     assert len(problems) == 2 and cut in problems[0] + problems[1] and torn in problems[0] + problems[1]
 
 
+def test_status_names_a_torn_search_state_that_would_make_ray_start_over(exp, capsys):
+    state = max(exp.glob("basic-variant-state-*.json"))  # (a pickle, whatever its name says)
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    assert main(["status", str(exp), "--json"]) == 2
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert len(problems) == 1 and problems[0].startswith(f"{state.name} is damaged (torn after ")
+    assert "Ray would start the experiment over; `tunekit resume` continues the trials" in problems[0]
+
+
 def test_status_exits_1_when_a_trial_is_in_error(ray_session, tmp_path, capsys):
     def fails(config):
         raise ValueError("boom")
