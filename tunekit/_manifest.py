@@ -38,7 +38,8 @@ __all__ = [
     "CheckpointLocation", "CheckpointReport", "MANIFEST_FILE", "MANIFEST_FORMAT", "METADATA_FILE", "MISSING",
     "NOT_WRITTEN", "STATE_FILE", "UnsupportedManifest", "WRITTEN_HASH", "confirm_upload", "digest_bytes", "hash_file",
     "is_foreign_checkpoint", "is_tunekit_checkpoint", "json_safe", "locate", "manifest_bytes", "manifest_sizes",
-    "manifest_version", "new_hash", "read_metadata", "size_problems", "unsupported_format", "verify_checkpoint", "verify_directory",
+    "manifest_version", "new_hash", "read_metadata", "size_problems", "unsupported_format", "verify_checkpoint",
+    "verify_directory",
 ]
 
 
@@ -132,9 +133,13 @@ class UnsupportedManifest(TunekitError, ValueError):
 def manifest_version(raw: bytes) -> int | None:
     """The format version a manifest declares (None if it declares none); no verification."""
     try:
-        fmt = json.loads(raw).get("format")
+        return _format_version(json.loads(raw).get("format"))
     except (ValueError, AttributeError):
         return None
+
+
+def _format_version(fmt: Any) -> int | None:
+    """N of a ``tunekit-manifest/N`` format string; None for anything else."""
     if isinstance(fmt, str) and fmt.startswith(_MANIFEST_PREFIX) and fmt[len(_MANIFEST_PREFIX):].isdigit():
         return int(fmt[len(_MANIFEST_PREFIX):])
     return None
@@ -356,9 +361,10 @@ def manifest_sizes(location: CheckpointLocation) -> tuple[str | None, dict[str, 
         return None, None
     try:
         manifest = json.loads(raw)
-        fmt = manifest["format"]
-        if fmt.startswith(_MANIFEST_PREFIX) and fmt[len(_MANIFEST_PREFIX):].isdigit() \
-                and int(fmt[len(_MANIFEST_PREFIX):]) > max(_HASH_OF_VERSION):
+        version = _format_version(manifest["format"])
+        if version is None:
+            raise ValueError(f"not a tunekit manifest (format {manifest['format']!r})")
+        if version > max(_HASH_OF_VERSION):
             try:
                 _parse_manifest(raw)
             except UnsupportedManifest as exc:  # (its first check)

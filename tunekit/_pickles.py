@@ -12,8 +12,8 @@ import pyarrow.fs as pafs
 
 from tunekit.storage import Storage
 
-__all__ = ["DRIVER_STATES", "TUNER_PKL", "driver_state_damage", "driver_state_problem", "pickle_globals", "pickle_problem", "read_tuner_pickle",
-           "tuner_pickle_problem"]
+__all__ = ["DRIVER_STATES", "TUNER_PKL", "driver_state_damage", "driver_state_problem", "pickle_globals",
+           "pickle_problem", "read_tuner_pickle", "tuner_pickle_problem"]
 
 TUNER_PKL = "tuner.pkl"
 

@@ -19,12 +19,13 @@ def _short(value: Any, width: int = 12) -> str:
     return text if len(text) <= width else text[: width - 1] + "~"
 
 
-def print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None:
+def print_snapshot(snapshot: Any, metric: str | None, mode: str | None, sizes: dict[str, int] | None = None) -> None:
+    """The table ``status`` and ``resume`` print; ``sizes``: :func:`~tunekit.snapshot.check_storage`'s, if it ran."""
     import time as _time
 
     from tunekit.interval import INTERVAL_KEY, trial_intervals
     from tunekit.results import format_ranges
-    from tunekit.snapshot import format_counts, trial_checkpoint_bytes
+    from tunekit.snapshot import check_storage, format_counts
     from tunekit.table import format_bytes, format_table
 
     started = (
@@ -44,7 +45,7 @@ def print_snapshot(snapshot: Any, metric: str | None, mode: str | None) -> None:
     chosen = trial_intervals({t.trial_id: t.metric(INTERVAL_KEY) for t in snapshot.trials})  # the autopilot's
     headers = ["trial_id", "status", "iter", *( [metric] if metric else []), *varying, "ckpts", "ckpt size",
                *(["ckpt every"] if chosen else []), "error"]
-    sizes = trial_checkpoint_bytes(snapshot)
+    sizes = check_storage(snapshot) if sizes is None else sizes
     rows = []
     for trial in snapshot.trials:
         row = [trial.trial_id, trial.status, str(trial.iterations)]

@@ -102,19 +102,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from tunekit._pickles import driver_state_damage
-    from tunekit.snapshot import read_experiment, trial_checkpoint_bytes
-    from tunekit.storage import resolve_storage
+    from tunekit.snapshot import check_storage, read_experiment
 
     if bool(args.metric) != bool(args.mode):
         raise _UsageError("tunekit status: --metric and --mode go together")
     snapshot = read_experiment(args.experiment)
     if args.metric:
         snapshot.check_metric("--metric", args.metric)
-    if torn := driver_state_damage(resolve_storage(snapshot.location)):  # (Ray's searcher, callback states)
-        snapshot.problems.append(torn)
+    sizes = check_storage(snapshot)  # (first: its damage goes into what is shown)
     if args.json:
-        sizes = trial_checkpoint_bytes(snapshot)  # (first: it checks the checkpoints' sizes)
         best = snapshot.best_checkpoint(args.metric, args.mode) if args.metric else None
         payload = snapshot.as_dict()
         for trial in payload["trials"]:
@@ -124,7 +120,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                            best_value=best.value if best else None, best_skipped=list(best.skipped) if best else [])
         print(json.dumps(payload, indent=1, default=str))
     else:
-        print_snapshot(snapshot, args.metric, args.mode)
+        print_snapshot(snapshot, args.metric, args.mode, sizes)
     if snapshot.damaged:
         print(f"tunekit status: {snapshot.location}: damaged: {'; '.join(snapshot.problems)}", file=sys.stderr)
         return 2

@@ -25,9 +25,8 @@ from tunekit.errors import ConfigError, ExperimentError
 from tunekit.experiment_dir import checkpoint_count
 from tunekit.interval import INTERVAL_KEY, trial_intervals
 from tunekit.results import format_ranges
-from tunekit._pickles import driver_state_damage
-from tunekit.snapshot import (RAY_KEYS, BestCheckpoint, ExperimentSnapshot, format_counts, read_experiment,
-                              trial_checkpoint_bytes)
+from tunekit.snapshot import (RAY_KEYS, BestCheckpoint, ExperimentSnapshot, check_storage, format_counts,
+                              read_experiment)
 from tunekit.storage import Storage, resolve_storage
 
 __all__ = ["ReportSummary", "guess_metric", "hyperparameters", "write_report"]
@@ -221,9 +220,7 @@ def write_report(
 
     experiment = resolve_storage(location)
     snapshot: ExperimentSnapshot = read_experiment(experiment)
-    trial_checkpoint_bytes(snapshot)  # (checks every checkpoint's sizes: a cut file is damage, as status says)
-    if torn := driver_state_damage(experiment):
-        snapshot.problems.append(torn)
+    check_storage(snapshot)  # (a cut checkpoint file or a torn search state is damage, as status says)
     with warnings.catch_warnings():  # the report shows the damage and the gaps itself
         warnings.simplefilter("ignore")
         df = load_results(experiment, snapshot=snapshot)

@@ -37,15 +37,15 @@ from tunekit.experiment_dir import TRAIN_DIR, TrialDir, checkpoint_files, root_f
 from tunekit.record import interrupted_trials
 from tunekit.results import (RESTORED_FROM_KEY, dedupe_lineage, exploits_by_trial, gc_paused, loads, parse_result_lines,
                              read_bytes, read_text, rows_lost)
-from tunekit._pickles import tuner_pickle_problem
+from tunekit._pickles import driver_state_damage, tuner_pickle_problem
 from tunekit.storage import Storage, resolve_storage
 
 from tunekit._snapshot_model import (RAY_KEYS, BestCheckpoint, CheckpointSummary, ExperimentSnapshot, Exploit,
                                      TrialSnapshot, format_counts, ranked)
 __all__ = [
     "BestCheckpoint", "CheckpointSummary", "ExperimentSnapshot", "Exploit", "PBT_LOG", "RAY_KEYS", "TrialSnapshot",
-    "error_message", "format_counts", "ranked", "read_experiment", "read_exploits", "read_state_problems",
-    "trial_checkpoint_bytes", "trial_tags",
+    "check_storage", "error_message", "format_counts", "ranked", "read_experiment", "read_exploits", "read_state_problems",
+    "trial_tags",
 ]
 
 _PICKLED, PBT_LOG = "CLOUDPICKLE_FALLBACK", "pbt_global.txt"  # (PBT_LOG: Ray's log of PBT exploits)
@@ -87,10 +87,12 @@ def _read_state(experiment: Storage, problems: list[str], damaged: list[str],
     return None, {}
 
 
-def trial_checkpoint_bytes(snapshot: ExperimentSnapshot) -> dict[str, int]:
-    """Trial id -> the bytes of its checkpoints, from one listing; every tunekit checkpoint's files checked
-    on the way against its manifest's sizes (no hashing): a missing or cut file is damage (``problems``)."""
-    files = checkpoint_files(resolve_storage(snapshot.location))
+def check_storage(snapshot: ExperimentSnapshot) -> dict[str, int]:
+    """What ``status`` and ``report`` check beyond the record, damage into ``problems``: every tunekit checkpoint's
+    files against its manifest's sizes (from one listing, no hashing: a missing or cut file) and Ray's newest
+    search-algorithm and callback states (torn: Ray would start over). Returns trial id -> its checkpoints' bytes."""
+    experiment = resolve_storage(snapshot.location)
+    files = checkpoint_files(experiment)
     for trial in snapshot.trials:
         for ckpt in trial.checkpoints:
             if ckpt.manifest is None or ckpt.name.startswith(f"{TRAIN_DIR}/"):
@@ -99,6 +101,8 @@ def trial_checkpoint_bytes(snapshot: ExperimentSnapshot) -> dict[str, int]:
                 size_problems(ckpt.manifest, files.get(f"{trial.name}/{ckpt.name}", {}))
             if wrong:
                 snapshot.record_damage(ckpt, f"corrupt: {'; '.join(wrong)}")
+    if torn := driver_state_damage(experiment):
+        snapshot.problems.append(torn)
     return {t.trial_id: sum(sum(files.get(f"{t.name}/{c.name}", {}).values()) for c in t.checkpoints)
             for t in snapshot.trials}
 
