@@ -81,7 +81,7 @@ def _recorded_trainables(snapshot: ExperimentSnapshot) -> list[str]:
     for trial in snapshot.trials:
         for ckpt in reversed(trial.checkpoints):
             try:
-                spec = read_metadata(ckpt.uri).get("trainable")
+                spec = read_metadata(ckpt.where).get("trainable")
             except CheckpointError:
                 continue
             if isinstance(spec, str) and ":" in spec and spec not in specs:

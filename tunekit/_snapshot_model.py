@@ -55,6 +55,14 @@ class CheckpointSummary:
     tunekit: bool = False
     #: The sizes its manifest lists (path -> bytes); why its manifest cannot be read; None without one (yet).
     manifest: dict[str, int] | str | None = field(default=None, repr=False, compare=False)
+    #: Where it is stored (a :class:`~tunekit.storage.Storage`) when read from storage: what is verified (a
+    #: filesystem object's ``py::`` URI does not resolve again); None: :attr:`uri`.
+    location: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def where(self) -> Any:
+        """What locates it for a reader: :attr:`location`, else :attr:`uri`."""
+        return self.location if self.location is not None else self.uri
 
     def as_dict(self) -> dict[str, Any]:
         out = {"name": self.name, "uri": self.uri, "iteration": self.iteration, "metrics": self.metrics}
@@ -193,6 +201,8 @@ class ExperimentSnapshot:
     #: Trials the run left unfinished because it stopped (Ctrl-C, SIGTERM, a killed driver), from tunekit's
     #: record: empty while its driver runs, or when every trial finished.
     interrupted: list[str] = field(default_factory=list)
+    #: The storage it was read from (a :class:`~tunekit.storage.Storage`), else None (:attr:`location` resolves).
+    storage: Any = field(default=None, repr=False, compare=False)
     _verdicts: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -235,7 +245,7 @@ class ExperimentSnapshot:
         elif not checkpoint.tunekit and not any(c.tunekit for t in self.trials for c in t.checkpoints):
             answer = (True, "not a tunekit checkpoint: not verified")
         else:
-            report = verify_checkpoint(checkpoint.uri)
+            report = verify_checkpoint(checkpoint.where)
             answer = (report.ok, f"{report.status}: {'; '.join(report.problems)}" if not report.ok else "good")
         self._verdicts[checkpoint.uri] = answer
         if not answer[0]:

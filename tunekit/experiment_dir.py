@@ -191,9 +191,14 @@ def checkpoint_bytes(experiment: Storage) -> dict[str, int]:
     return {key: sum(files.values()) for key, files in checkpoint_files(experiment).items()}
 
 
-def checkpoint_files(experiment: Storage) -> dict[str, dict[str, int]]:
+def checkpoint_files(experiment: Storage, keys: Iterable[str] | None = None) -> dict[str, dict[str, int]]:
     """``"trial dir/checkpoint_NNNNNN"`` (or a multi-worker trial's ``"trial dir/train/checkpoint_..."``) -> its
-    files (path inside the checkpoint -> bytes), from one recursive listing of ``experiment``."""
+    files (path inside the checkpoint -> bytes), from one recursive listing of ``experiment``; on a local disk,
+    given the checkpoints' ``keys`` (those the reader knows), from walking those alone (the listing's entries
+    for every trial's other files cost more than the walk: 0.15 against 0.06 s at 2,000 trials)."""
+    if keys is not None and experiment.is_local:
+        with storage_errors("list", experiment):
+            return {key: files for key in keys if (files := _walk(os.path.join(experiment.path, key)))}
     root = experiment.path.rstrip("/") + "/"
     out: dict[str, dict[str, int]] = {}
     with storage_errors("list", experiment):
@@ -206,4 +211,19 @@ def checkpoint_files(experiment: Storage) -> dict[str, dict[str, int]]:
             out.setdefault(f"{parts[0]}/{parts[1]}", {})["/".join(parts[2:])] = info.size or 0
         elif len(parts) > 3 and parts[1] == TRAIN_DIR and parts[2].startswith("checkpoint_"):  # every rank's part
             out.setdefault(f"{parts[0]}/{TRAIN_DIR}/{parts[2]}", {})["/".join(parts[3:])] = info.size or 0
+    return out
+
+
+def _walk(top: str, prefix: str = "") -> dict[str, int]:
+    """The files under local directory ``top`` (path inside it -> bytes); none if it is missing."""
+    out: dict[str, int] = {}
+    try:
+        with os.scandir(top) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    out.update(_walk(entry.path, f"{prefix}{entry.name}/"))
+                elif entry.is_file():
+                    out[prefix + entry.name] = entry.stat().st_size
+    except (FileNotFoundError, NotADirectoryError):
+        pass
     return out

@@ -44,8 +44,8 @@ from tunekit._snapshot_model import (RAY_KEYS, BestCheckpoint, CheckpointSummary
                                      TrialSnapshot, format_counts, ranked)
 __all__ = [
     "BestCheckpoint", "CheckpointSummary", "ExperimentSnapshot", "Exploit", "PBT_LOG", "RAY_KEYS", "TrialSnapshot",
-    "check_storage", "error_message", "format_counts", "ranked", "read_experiment", "read_exploits", "read_state_problems",
-    "trial_tags",
+    "check_storage", "error_message", "format_counts", "ranked", "read_experiment", "read_exploits",
+    "read_state_problems", "trial_tags",
 ]
 
 _PICKLED, PBT_LOG = "CLOUDPICKLE_FALLBACK", "pbt_global.txt"  # (PBT_LOG: Ray's log of PBT exploits)
@@ -91,8 +91,8 @@ def check_storage(snapshot: ExperimentSnapshot) -> dict[str, int]:
     """What ``status`` and ``report`` check beyond the record, damage into ``problems``: every tunekit checkpoint's
     files against its manifest's sizes (from one listing, no hashing: a missing or cut file) and Ray's newest
     search-algorithm and callback states (torn: Ray would start over). Returns trial id -> its checkpoints' bytes."""
-    experiment = resolve_storage(snapshot.location)
-    files = checkpoint_files(experiment)
+    experiment = snapshot.storage or resolve_storage(snapshot.location)
+    files = checkpoint_files(experiment, [f"{t.name}/{c.name}" for t in snapshot.trials for c in t.checkpoints])
     for trial in snapshot.trials:
         for ckpt in trial.checkpoints:
             if ckpt.manifest is None or ckpt.name.startswith(f"{TRAIN_DIR}/"):
@@ -203,7 +203,7 @@ def _checkpoints(
         }
         unsupported, listed = manifest_sizes(ckpt.location) if meta else (None, None)
         out.append(CheckpointSummary(ckpt.name, ckpt.location.uri, iteration, metrics, unsupported, tunekit=bool(meta),
-                                     manifest=listed))
+                                     manifest=listed, location=ckpt.location))
     return out
 
 
@@ -394,4 +394,5 @@ def _read_experiment(experiment: Storage, results: bool) -> ExperimentSnapshot:
         damaged_state_files=damaged_states,
         tuner_pickle_damage=pickle_damage,
         interrupted=interrupted,
+        storage=experiment,
     )

@@ -77,6 +77,20 @@ def test_status_names_a_torn_search_state_that_would_make_ray_start_over(exp, ca
     assert "Ray would start the experiment over; `tunekit resume` continues the trials" in problems[0]
 
 
+def test_report_through_a_filesystem_object_names_a_cut_checkpoint(exp, tmp_path):
+    import fsspec
+
+    from tunekit.report import write_report
+    from tunekit.storage import resolve_storage
+
+    cut = sorted(exp.glob("*/checkpoint_*/state.pt"))[0]
+    cut.write_bytes(b"cut")
+    storage = resolve_storage(str(exp), filesystem=fsspec.filesystem("file"))  # (its URI does not resolve again)
+    summary = write_report(storage, output=tmp_path / "report")
+    assert summary.html.exists()
+    assert [p for p in summary.problems if "is corrupt: state.pt: 3 bytes, manifest says" in p]
+
+
 def test_status_exits_1_when_a_trial_is_in_error(ray_session, tmp_path, capsys):
     def fails(config):
         raise ValueError("boom")
