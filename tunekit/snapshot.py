@@ -89,7 +89,7 @@ def _read_state(experiment: Storage, problems: list[str], damaged: list[str],
 
 def check_storage(snapshot: ExperimentSnapshot) -> dict[str, int]:
     """What ``status`` and ``report`` check beyond the record, damage into ``problems``: every tunekit checkpoint's
-    files against its manifest's sizes (from one listing, no hashing: a missing or cut file) and Ray's newest
+    files against its manifest's sizes (listed, not hashed: a missing or cut file) and Ray's newest
     search-algorithm and callback states (torn: Ray would start over). Returns trial id -> its checkpoints' bytes."""
     experiment = snapshot.storage or resolve_storage(snapshot.location)
     files = checkpoint_files(experiment, [f"{t.name}/{c.name}" for t in snapshot.trials for c in t.checkpoints])
@@ -194,15 +194,17 @@ def _checkpoints(
             iteration = meta_iteration
         if not row and iteration is not None:  # class trainables save after the result
             row = next((r for r in rows if r.get("training_iteration") == iteration), {})
-        # tunekit checkpoints carry their iteration's metrics too: Ray's
-        # result.json can lose rows (a resumed trial's file restarted empty).
+        # tunekit checkpoints carry their iteration's metrics too: Ray's result.json can lose rows (a resumed trial's)
         saved = meta.get("metrics") if isinstance(meta.get("metrics"), dict) else {}
         metrics = {
             k: v for k, v in {**saved, **row}.items()
             if as_number(v) is not None and k != "training_iteration"
         }
-        unsupported, listed = manifest_sizes(ckpt.location) if meta else (None, None)
-        out.append(CheckpointSummary(ckpt.name, ckpt.location.uri, iteration, metrics, unsupported, tunekit=bool(meta),
+        unsupported, listed = manifest_sizes(ckpt.location)  # (tunekit.json lost, the manifest lists it: damage)
+        if not meta and not isinstance(listed, dict):  # (neither file tunekit's: another writer's checkpoint)
+            unsupported, listed = None, None
+        out.append(CheckpointSummary(ckpt.name, ckpt.location.uri, iteration, metrics, unsupported,
+                                     tunekit=bool(meta) or isinstance(listed, dict),
                                      manifest=listed, location=ckpt.location))
     return out
 

@@ -68,6 +68,14 @@ def test_status_finds_a_cut_checkpoint_file_without_a_metric_and_leaves_a_write_
     assert len(problems) == 2 and cut in problems[0] + problems[1] and torn in problems[0] + problems[1]
 
 
+def test_status_names_a_checkpoint_that_lost_its_metadata_file(exp, capsys):
+    trial, paths = _with_checkpoints(exp, 1)
+    (paths[-1] / "tunekit.json").unlink()  # (its manifest still lists it)
+    assert main(["status", str(exp), "--json"]) == 2
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert problems == [f"checkpoint {paths[-1]} is corrupt: tunekit.json: missing"]
+
+
 def test_status_names_a_torn_search_state_that_would_make_ray_start_over(exp, capsys):
     state = max(exp.glob("basic-variant-state-*.json"))  # (a pickle, whatever its name says)
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
