@@ -102,7 +102,7 @@ def hash_file(path: str | os.PathLike[str], algorithm: str) -> str:
         size = os.fstat(fh.fileno()).st_size
         if size <= _CHUNK:  # (a small file: one read costs less than a mapping)
             digest.update(fh.read())
-        elif size:
+        else:
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                 with contextlib.suppress(AttributeError, OSError):
                     mapped.madvise(mmap.MADV_SEQUENTIAL)
@@ -239,8 +239,8 @@ MISSING, NOT_WRITTEN = "directory is missing", "directory is empty: announced, i
 
 def verify_directory(fs: pafs.FileSystem, path: str, shown: str, *, ranks: Any = None) -> CheckpointReport:
     """Verify one checkpoint directory (a multi-worker one: every rank's part too, or those in ``ranks``)."""
-    if not (os.path.isdir(path) if type(fs) is pafs.LocalFileSystem else
-            fs.get_file_info(path).type == pafs.FileType.Directory):
+    local = isinstance(fs, pafs.LocalFileSystem)
+    if not (os.path.isdir(path) if local else fs.get_file_info(path).type == pafs.FileType.Directory):
         return CheckpointReport(shown, "incomplete", [MISSING])
     raw = file_bytes(fs, posixpath.join(path, MANIFEST_FILE))
     if raw is None:
@@ -252,7 +252,6 @@ def verify_directory(fs: pafs.FileSystem, path: str, shown: str, *, ranks: Any =
         return CheckpointReport(shown, "unsupported", [str(exc)])
     except (ValueError, TypeError) as exc:
         return CheckpointReport(shown, "corrupt", [f"{MANIFEST_FILE} is damaged: {exc}"])
-    local = isinstance(fs, pafs.LocalFileSystem)
     problems = []
     if STATE_FILE not in files:
         problems.append(f"{STATE_FILE}: not listed in manifest")
