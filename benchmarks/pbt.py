@@ -61,7 +61,8 @@ def timed(base: type) -> type:
             folder = os.environ.get(PHASES_ENV)
             if folder:
                 with open(os.path.join(folder, f"{os.getpid()}.jsonl"), "a") as fh:
-                    fh.write(json.dumps({"phase": phase, "ms": (time.perf_counter() - t0) * 1e3}) + "\n")
+                    fh.write(json.dumps({"phase": phase, "ms": (time.perf_counter() - t0) * 1e3,
+                                         "cpu": time.process_time()}) + "\n")
 
         def train(self):
             t0 = time.perf_counter()
@@ -154,6 +155,8 @@ def clear_phases(phases_dir: str) -> None:
 
 #: Not a phase: the steps each worker process ran, one entry per process that trained (``read_phases``).
 WORKERS = "workers"
+#: Not a phase: each worker process's CPU time (s, every thread, its start included) by its last logged call.
+WORKER_CPU = "worker cpu s"
 
 
 def read_phases(phases_dir: str) -> dict[str, list[float]]:
@@ -161,19 +164,21 @@ def read_phases(phases_dir: str) -> dict[str, list[float]]:
     each worker process ran (Tune starts workers it stops before they train: those are left out)."""
     phases: dict[str, list[float]] = defaultdict(list)
     for f in os.listdir(phases_dir):
-        steps = 0
+        steps, cpu = 0, 0.0
         for line in Path(phases_dir, f).read_text().splitlines():
             record = json.loads(line)
             phases[record["phase"]].append(record["ms"])
             steps += record["phase"] in ("step", "first step after")
+            cpu = max(cpu, record.get("cpu", 0.0))
         if steps:
             phases[WORKERS].append(steps)
+            phases[WORKER_CPU].append(cpu)
     return phases
 
 
 def worker_time_ms(phases: dict[str, list[float]]) -> float:
     """The milliseconds the workers spent in the calls they logged."""
-    return sum(sum(v) for k, v in phases.items() if k != WORKERS)
+    return sum(sum(v) for k, v in phases.items() if k not in (WORKERS, WORKER_CPU))
 
 
 def workers_trained(phases: dict[str, list[float]]) -> str:
@@ -181,7 +186,8 @@ def workers_trained(phases: dict[str, list[float]]) -> str:
     the trial it runs next and stops that one's own worker if it was starting; with trials or iterations
     shorter than a worker's start, one worker can run the whole sweep (``benchmarks/README.md``)."""
     steps = sorted(phases.get(WORKERS, []), reverse=True)
-    return f"{len(steps)} worker(s) trained ({'/'.join(f'{s:.0f}' for s in steps)} steps)"
+    cpu = sum(phases.get(WORKER_CPU, []))
+    return f"{len(steps)} worker(s) trained ({'/'.join(f'{s:.0f}' for s in steps)} steps, {cpu:.1f} s CPU)"
 
 
 def _describe(phases: dict[str, list[float]]) -> str:

@@ -22,7 +22,10 @@ def seed_everything(seed: int) -> None:
     """Seed Python ``random``, NumPy's global RNG and torch (CPU and every GPU)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)  # also seeds every CUDA device
+    if torch.accelerator.is_available():
+        torch.manual_seed(seed)  # also seeds every CUDA device (and any other accelerator's)
+    else:  # (torch.manual_seed queues a lazy seeding, with a traceback, for each accelerator torch knows)
+        torch.default_generator.manual_seed(seed)
 
 
 def capture_rng() -> dict[str, Any]:
@@ -30,7 +33,8 @@ def capture_rng() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
-        "python": {"version": version, "state": list(internal), "gauss": gauss},
+        # (one tensor, not 625 ints: each int is an object for every copy and for the pickler, ~1 ms a save)
+        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
         "numpy": {
             "kind": str(kind),
             "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
@@ -53,7 +57,9 @@ def restore_rng(state: dict[str, Any]) -> None:
     this process have, so a checkpoint taken on a GPU loads on a CPU machine.
     """
     py = state["python"]
-    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    internal = py["state"]  # a tensor; a list in checkpoints written before 2026-11-28
+    random.setstate((py["version"], tuple(internal.tolist() if isinstance(internal, torch.Tensor) else internal),
+                     py["gauss"]))
     npst = state["numpy"]
     np.random.set_state(
         (

@@ -15,6 +15,7 @@ from tunekit import (
     capture_rng,
     read_state,
     restore_rng,
+    seed_everything,
     write_checkpoint,
 )
 
@@ -29,6 +30,25 @@ def test_rng_capture_restore_replays_every_stream():
     first = [_draws() for _ in range(3)]
     restore_rng(state)
     assert [_draws() for _ in range(3)] == first
+
+
+def test_rng_state_from_before_the_python_stream_was_one_tensor_restores():
+    # Checkpoints written before 2026-11-28 hold Python's Mersenne Twister state as a list of 625 ints.
+    random.seed(3), np.random.seed(3), torch.manual_seed(3)
+    state = capture_rng()
+    assert isinstance(state["python"]["state"], torch.Tensor)
+    old = {**state, "python": {**state["python"], "state": state["python"]["state"].tolist()}}
+    first = [_draws() for _ in range(3)]
+    restore_rng(old)
+    assert [_draws() for _ in range(3)] == first
+
+
+def test_seed_everything_seeds_every_stream_as_each_library_seeds_it():
+    random.seed(11), np.random.seed(11), torch.manual_seed(11)
+    expected = [_draws() for _ in range(3)]
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    seed_everything(11)
+    assert [_draws() for _ in range(3)] == expected
 
 
 def test_batches_resume_at_the_next_batch_even_across_epochs():
