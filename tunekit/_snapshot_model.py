@@ -77,9 +77,16 @@ def ranked(checkpoints: list[CheckpointSummary], metric: str, mode: Literal["max
     Checkpoints that do not record ``metric`` come after those that do, newest first.
     """
     sign = -1.0 if mode == "max" else 1.0
-    scored = [c for c in checkpoints if as_number(c.metrics.get(metric)) is not None]
-    rest = [c for c in reversed(checkpoints) if as_number(c.metrics.get(metric)) is None]
-    return sorted(scored, key=lambda c: sign * float(c.metrics[metric])) + rest
+    scored: list[tuple[float, CheckpointSummary]] = []
+    rest: list[CheckpointSummary] = []
+    for c in checkpoints:  # (one pass: KeepCheckpoints ranks at every checkpoint of a sweep)
+        value = as_number(c.metrics.get(metric))
+        if value is None:
+            rest.append(c)
+        else:
+            scored.append((sign * value, c))
+    scored.sort(key=lambda entry: entry[0])  # (stable: ties keep their order)
+    return [c for _, c in scored] + rest[::-1]
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,10 @@ __all__ = ["calling_scheduler", "drop_vanished_checkpoints", "forget_checkpoints
 
 
 def registered_checkpoints(trial: Any) -> list[tuple[Any, dict[str, Any]]]:
-    """``(tune.Checkpoint, metrics)`` of every checkpoint Ray keeps for ``trial`` (its ``num_to_keep`` applied)."""
+    """``(tune.Checkpoint, metrics)`` of every checkpoint Ray keeps for ``trial`` (its ``num_to_keep`` applied).
+    The metrics are Ray's own dict (not copied: read them, never change them)."""
     manager = trial.run_metadata.checkpoint_manager
-    return [(r.checkpoint, dict(r.metrics or {})) for r in manager._checkpoint_results if r.checkpoint is not None]
+    return [(r.checkpoint, r.metrics or {}) for r in manager._checkpoint_results if r.checkpoint is not None]
 
 
 def forget_checkpoints(trial: Any, paths: set[str]) -> None:
