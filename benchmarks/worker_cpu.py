@@ -1,0 +1,88 @@
+"""Benchmark: a short trial's CPU in its worker, tunekit's class trainable against the plain one, without Ray.
+
+The work of one trial of ``many_trials.py`` (a reset, 4 iterations of
+``Linear(16, 1)``, a checkpoint every 2) repeated in one process, each
+trainable built as a Tune worker builds it but with no Ray around it: what
+the trainable itself costs per trial, in CPU (every thread, the kernel's
+share of fsync included) and wall time. On 2 CPUs a sweep's workers and
+its driver share the cores, so a millisecond of worker CPU per trial is
+2 s of a 2,000-trial sweep the driver waits for. Without Ray tunekit writes
+each checkpoint in place, fsynced (``--no-fsync``: what the fsyncs cost).
+
+Usage::
+
+    python benchmarks/worker_cpu.py                       # 400 trials, 3 rounds
+    python benchmarks/worker_cpu.py --trials 1000 --rounds 5 --no-fsync
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+import torch  # noqa: E402
+
+import many_trials  # noqa: E402
+
+
+def _per_trial(variant: str, trials: int, root: str) -> tuple[float, float]:
+    """CPU and wall milliseconds per trial of ``variant`` (after 20 warm-up iterations)."""
+    cls = {"plain": many_trials.PlainShort, "class": many_trials.TunekitShort}[variant]
+    trainable = cls(config={"lr": 0.01, "seed": 1})
+
+    def directory(trial: int, index: int) -> str:  # as Tune names them: checkpoint_N in the trial's directory
+        path = os.path.join(root, f"{variant}_{trial:05d}", f"checkpoint_{index:06d}")
+        os.makedirs(path)
+        return path
+
+    for index in range(20):
+        trainable.train()
+        trainable.save(directory(-1, index))
+    cpu, wall = time.process_time(), time.perf_counter()
+    for trial in range(trials):
+        trainable.reset({"lr": 0.02, "seed": trial})
+        for iteration in range(4):
+            trainable.train()
+            if iteration % 2 == 1:
+                trainable.save(directory(trial, iteration // 2))
+    trainable.stop()
+    return (time.process_time() - cpu) * 1e3 / trials, (time.perf_counter() - wall) * 1e3 / trials
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-fsync", action="store_true", help="fsync does nothing (what the fsyncs cost)")
+    args = parser.parse_args(argv)
+    if args.trials < 1 or args.rounds < 1:
+        parser.error("--trials and --rounds: at least 1")
+    if args.no_fsync:
+        os.fsync = lambda fd: None  # type: ignore[assignment]
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    print(f"{args.trials} trials x 4 iterations, a checkpoint every 2, one process, no Ray"
+          + (", fsync off" if args.no_fsync else ""))
+    for round_ in range(1, args.rounds + 1):
+        root = tempfile.mkdtemp(prefix="tunekit-worker-cpu-")
+        try:
+            plain = _per_trial("plain", args.trials, root)
+            tunekit = _per_trial("class", args.trials, root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        print(f"  round {round_}: plain {plain[0]:.2f} ms CPU ({plain[1]:.2f} ms wall) per trial, class "
+              f"{tunekit[0]:.2f} ms CPU ({tunekit[1]:.2f} ms wall) = {tunekit[0] / plain[0]:.2f}x CPU", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
