@@ -22,10 +22,7 @@ def seed_everything(seed: int) -> None:
     """Seed Python ``random``, NumPy's global RNG and torch (CPU and every GPU)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    if torch.accelerator.is_available():
-        torch.manual_seed(seed)  # also seeds every CUDA device (and any other accelerator's)
-    else:  # (torch.manual_seed queues a lazy seeding, with a traceback, for each accelerator torch knows)
-        torch.default_generator.manual_seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
 
 
 def capture_rng() -> dict[str, Any]:
