@@ -9,10 +9,18 @@ its driver share the cores, so a millisecond of worker CPU per trial is
 2 s of a 2,000-trial sweep the driver waits for. Without Ray tunekit writes
 each checkpoint in place, fsynced (``--no-fsync``: what the fsyncs cost).
 
+``--storage``: each trial gets a ``StorageContext`` as Tune hands its worker
+one (``reset(config, storage=...)``), and ``save()`` is called without a
+directory, so each save goes the way it goes in a sweep: plain's through
+Ray's temporary directory and its copy into the trial's directory, tunekit's
+two-phase path (index claim, staging directory, kept copy, background write,
+rename, fsyncs on a helper thread).
+
 Usage::
 
     python benchmarks/worker_cpu.py                       # 400 trials, 3 rounds
     python benchmarks/worker_cpu.py --trials 1000 --rounds 5 --no-fsync
+    python benchmarks/worker_cpu.py --storage             # the save path of a Tune sweep
 """
 
 from __future__ import annotations
@@ -34,27 +42,40 @@ import torch  # noqa: E402
 import many_trials  # noqa: E402
 
 
-def _per_trial(variant: str, trials: int, root: str) -> tuple[float, float]:
-    """CPU and wall milliseconds per trial of ``variant`` (after 20 warm-up iterations)."""
-    cls = {"plain": many_trials.PlainShort, "class": many_trials.TunekitShort}[variant]
-    trainable = cls(config={"lr": 0.01, "seed": 1})
+_CWD = os.getcwd()
 
-    def directory(trial: int, index: int) -> str:  # as Tune names them: checkpoint_N in the trial's directory
+
+def _per_trial(variant: str, trials: int, root: str, storage: bool = False) -> tuple[float, float]:
+    """CPU and wall milliseconds per trial of ``variant`` (after 20 warm-up iterations)."""
+    from tunekit import _ray
+
+    cls = {"plain": many_trials.PlainShort, "class": many_trials.TunekitShort}[variant]
+
+    def context(trial: int) -> object | None:  # a trial's StorageContext, as Tune hands one to its worker
+        return _ray.offline_storage(root, f"{variant}_{trial:05d}") if storage else None
+
+    trainable = cls(config={"lr": 0.01, "seed": 1}, storage=context(-1))
+
+    def save(trial: int, index: int) -> None:  # in place: as Tune names them, checkpoint_N in the trial's directory
+        if storage:
+            trainable.save()
+            return
         path = os.path.join(root, f"{variant}_{trial:05d}", f"checkpoint_{index:06d}")
         os.makedirs(path)
-        return path
+        trainable.save(path)
 
     for index in range(20):
         trainable.train()
-        trainable.save(directory(-1, index))
+        save(-1, index)
     cpu, wall = time.process_time(), time.perf_counter()
     for trial in range(trials):
-        trainable.reset({"lr": 0.02, "seed": trial})
+        trainable.reset({"lr": 0.02, "seed": trial}, storage=context(trial))
         for iteration in range(4):
             trainable.train()
             if iteration % 2 == 1:
-                trainable.save(directory(trial, iteration // 2))
+                save(trial, iteration // 2)
     trainable.stop()
+    os.chdir(_CWD)  # (a Trainable with storage changes into its trial's directory, which the round removes)
     return (time.process_time() - cpu) * 1e3 / trials, (time.perf_counter() - wall) * 1e3 / trials
 
 
@@ -63,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-fsync", action="store_true", help="fsync does nothing (what the fsyncs cost)")
+    parser.add_argument("--storage", action="store_true",
+                        help="each trial with a StorageContext, save() without a directory: a sweep's save path")
     args = parser.parse_args(argv)
     if args.trials < 1 or args.rounds < 1:
         parser.error("--trials and --rounds: at least 1")
@@ -71,12 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     print(f"{args.trials} trials x 4 iterations, a checkpoint every 2, one process, no Ray"
+          + (", each trial with Tune's storage (the two-phase save path)" if args.storage else ", saved in place")
           + (", fsync off" if args.no_fsync else ""))
     for round_ in range(1, args.rounds + 1):
         root = tempfile.mkdtemp(prefix="tunekit-worker-cpu-")
         try:
-            plain = _per_trial("plain", args.trials, root)
-            tunekit = _per_trial("class", args.trials, root)
+            plain = _per_trial("plain", args.trials, root, args.storage)
+            tunekit = _per_trial("class", args.trials, root, args.storage)
         finally:
             shutil.rmtree(root, ignore_errors=True)
         print(f"  round {round_}: plain {plain[0]:.2f} ms CPU ({plain[1]:.2f} ms wall) per trial, class "

@@ -32,12 +32,14 @@ resume), ``tests/tunekit/test_two_phase.py`` and ``tests/tunekit/test_checkpoint
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+import torch
 from ray import tune
 
 from tunekit import _env, _ray
@@ -60,7 +62,7 @@ from tunekit.results import RESTORED_FROM_KEY
 from tunekit.state import StateBuffers, TrainingState
 from tunekit.warm import apply_warm_start
 
-__all__ = ["ORIGIN", "TrialCheckpointer", "TrialContent"]
+__all__ = ["BACKGROUND_MIN_BYTES", "ORIGIN", "TrialCheckpointer", "TrialContent"]
 
 #: The metadata key of :attr:`TrialContent.origin`.
 ORIGIN = "restored_from"
@@ -141,6 +143,24 @@ class TrialContent:
         return apply_warm_start(self.state, config, mutable=self.mutable, apply=self.apply)
 
 
+#: Default of ``background_saves_min_bytes`` (a trainable class may set its own; 0: every local save two-phase).
+BACKGROUND_MIN_BYTES = 1 << 20
+
+
+def _smaller_than(state: TrainingState, limit: int) -> bool:
+    """Whether the state's models and optimizers hold fewer than ``limit`` bytes of tensors (stops counting there)."""
+    total = 0
+    tensors = itertools.chain(
+        (t for m in state.models.values() for t in itertools.chain(m.parameters(), m.buffers())),
+        (v for o in state.optimizers.values() for s in o.state.values() for v in s.values() if isinstance(v, torch.Tensor)),
+    )
+    for tensor in tensors:
+        total += tensor.numel() * tensor.element_size()
+        if total >= limit:
+            return False
+    return True
+
+
 def _recorded_metrics(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     try:
         metrics = read_metadata(os.fspath(directory)).get("metrics")
@@ -167,6 +187,8 @@ class TrialCheckpointer:
         _env.check_all()  # a bad TUNEKIT_* value fails the trial at its start, in one line, not hours later
         self.trainable = trainable
         self.background = background
+        #: A state of fewer tensor bytes is written before its save returns (see :meth:`_save_locally`).
+        self.background_min_bytes = int(getattr(type(trainable), "background_saves_min_bytes", BACKGROUND_MIN_BYTES))
         self.durability = Durability()
         self.saves: BackgroundSaves | None = None
         self._last: tuple[int, Any] | None = None
@@ -181,6 +203,8 @@ class TrialCheckpointer:
         self.costs: dict[str, float] = {}
         #: The trial directory whose checkpoint the last restore loaded, until the next result reports it.
         self.restored_from: str | None = None
+        #: The last local save went through :attr:`saves` (two-phase), not in place.
+        self._in_background = False
 
     def result_keys(self) -> dict[str, Any]:
         """What the trainables add to a result: once after each save, its cost (so each save is one
@@ -229,6 +253,7 @@ class TrialCheckpointer:
         if content is not None:
             content.origin = self.restored_from  # (not reported yet: see :meth:`_carried_origin`)
         result, waits = None, self._sync_next or self._sync_all  # this save returns once its write is done
+        self._in_background = False
         if not checkpoint_dir and self._last is not None and self._last[0] == iteration:
             result = save_again(self.trainable, self._last[1], durability=self.durability)
         if result is None and reported is not None:
@@ -243,19 +268,28 @@ class TrialCheckpointer:
             self._sync_next = False
             self.wait()
         blocked = time.perf_counter() - start
-        written = self.saves.last_write_s if self.saves is not None else None
+        written = self.saves.last_write_s if self.saves is not None and self._in_background else None
         self.costs = {SAVE_BLOCKED_KEY: blocked, SAVE_WRITE_KEY: blocked if written is None else written}
         return result
 
     def _save_locally(self, content: TrialContent, *, urgent: bool) -> Any:
         """Two-phase or in place into local storage; None when the trial's storage is not local. ``urgent``:
-        the save waits for its write (the same two-phase path, at training's priority: see ``BackgroundSaves``)."""
-        if background_saves_enabled(self.trainable, self.background):
+        the save waits for its write (the same two-phase path, at training's priority: see ``BackgroundSaves``).
+
+        A state under :attr:`background_min_bytes` of tensors is written in place, before the save returns:
+        its write takes about as long as handing a snapshot to the helper thread, and the helper's thread
+        switches, the kept copy of the previous checkpoint and the announcement cost more CPU than it saves.
+        It reaches the disk with one ``syncfs`` (see :mod:`tunekit._durability`).
+        """
+        small = _smaller_than(content.state, self.background_min_bytes)
+        self._in_background = background_saves_enabled(self.trainable, self.background) and not small
+        if self._in_background:
             if self.saves is None:
                 self.saves = BackgroundSaves()
             self.saves.urgent = urgent
             return save_snapshot(self.trainable, self.saves, content.payload, durability=self.durability)
-        return save_in_place(self.trainable, lambda d: content.write(d, durable=False), durability=self.durability)
+        return save_in_place(self.trainable, lambda d: content.write(d, durable=False), durability=self.durability,
+                             whole_filesystem=small)
 
     # -- restoring ---------------------------------------------------------------
     def restore(

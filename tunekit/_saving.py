@@ -9,7 +9,9 @@ written once, in a staging directory beside its final one
 would write it to a temporary directory and copy it). Elsewhere the caller
 saves as Ray does and :func:`confirm_remote_upload` checks what arrived.
 
-Two-phase saves (the default on local storage, see :class:`BackgroundSaves`):
+Two-phase saves (the default on local storage for a state of at least
+``background_saves_min_bytes``, see :class:`BackgroundSaves` and
+:meth:`tunekit._checkpointer.TrialCheckpointer.save`):
 ``save()`` returns once the state is copied into reused CPU buffers, and a
 helper thread writes the copy, renames it into place and lets it reach the
 disk. At most one such write is in flight per trial. Invariants (each proved
@@ -51,10 +53,8 @@ import errno
 import logging
 import os
 import shutil
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow.fs as pafs
@@ -63,10 +63,11 @@ from ray import tune
 from tunekit import _env, _ray
 from tunekit._ray import TrainingResult
 from tunekit._announced import announce, claim_index, drop_unregistered
+from tunekit._durability import Durability
 from tunekit._pins import release_adopted_pin
 from tunekit._priority import lend_priority, submit_below
 from tunekit._trial_dir import CHECKPOINT_DIR, keep_newest_complete, link_tree, stage_checkpoint, tidy
-from tunekit.checkpoint import confirm_upload, fsync_paths, write_checkpoint, write_phase
+from tunekit.checkpoint import confirm_upload, write_checkpoint, write_phase
 from tunekit.errors import CheckpointError, first_line
 from tunekit.state import StateBuffers
 from tunekit.storage import directory_bytes
@@ -85,39 +86,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-
-_SYNCER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-fsync")
-
-
-class Durability:
-    """One trial's checkpoints written with ``durable=False``, on their way to the disk.
-
-    :meth:`sync` fsyncs a checkpoint directory (its files, itself, its parent)
-    on a helper thread while training goes on; :meth:`wait` blocks until all
-    of them are on disk. Each trial (its :class:`tunekit._checkpointer.TrialCheckpointer`)
-    owns one, so waiting concerns that trial's checkpoints only.
-    """
-
-    def __init__(self) -> None:
-        self._pending: list[Future] = []
-        self._lock = threading.Lock()
-
-    def sync(self, directory: str | os.PathLike[str]) -> None:
-        """fsync ``directory`` (written with ``durable=False``) on the helper thread."""
-        path = Path(directory)
-        paths = sorted(p for p in path.rglob("*") if p.is_file()) + [path, path.parent]
-        with self._lock:
-            self._pending[:] = [f for f in self._pending if not f.done() or f.exception()]
-            self._pending.append(submit_below(_SYNCER, fsync_paths, paths))
-
-    def wait(self) -> None:
-        """Block until every directory given to :meth:`sync` is on disk; raise the first fsync error."""
-        with self._lock:
-            pending, self._pending[:] = list(self._pending), []
-        for future in pending:
-            lend_priority(future)
-            future.result()
 
 
 def trainable_spec(cls: type) -> str:
@@ -232,6 +200,7 @@ def save_in_place(
     *,
     durability: Durability,
     background: BackgroundSaves | None = None,
+    whole_filesystem: bool = False,
 ) -> TrainingResult | None:
     """Save a class trainable's checkpoint straight into local storage.
 
@@ -246,7 +215,7 @@ def save_in_place(
     ``background``: run ``write`` (which must write a snapshot, not live
     state) and the rename on the trial's helper thread, and return at once;
     the trial's newest complete checkpoint is kept until the new one is whole
-    (see the module docstring).
+    (see the module docstring). ``whole_filesystem``: see :meth:`Durability.sync`.
 
     Returns:
         The result ``save()`` returns, or None when the trainable has no local
@@ -258,7 +227,7 @@ def save_in_place(
     final, metrics = target
     staging = stage_checkpoint(final)
     if background is None:
-        commit_checkpoint(staging, final, write, durability)
+        commit_checkpoint(staging, final, write, durability, whole_filesystem=whole_filesystem)
     else:
         background.wait()  # one write in flight; its tidying done before anything is kept
         keep_newest_complete(final)  # nothing to keep before the trial's first: see the module docstring
@@ -291,7 +260,8 @@ def save_snapshot(
     return save_in_place(trainable, write, durability=durability, background=saves)
 
 
-def commit_checkpoint(staging: str, final: str, write: Callable[[str], None], durability: Durability) -> None:
+def commit_checkpoint(staging: str, final: str, write: Callable[[str], None], durability: Durability, *,
+                      whole_filesystem: bool = False) -> None:
     """Write into ``staging``, rename it to ``final``, fsync in the background, tidy the trial directory."""
     try:
         write(staging)
@@ -306,7 +276,7 @@ def commit_checkpoint(staging: str, final: str, write: Callable[[str], None], du
         if written is not None:
             raise CheckpointError(_no_space_line(final, written)) from exc
         raise
-    durability.sync(final)
+    durability.sync(final, whole_filesystem=whole_filesystem)
     parent, name = os.path.split(final)
     if match := CHECKPOINT_DIR.match(name):
         drop_unregistered(parent, int(match[1]))  # first: it needs the dead writers' staging directories

@@ -19,7 +19,7 @@ from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.reuse import ReusableSlot, reusable_key
 from tunekit.rng import seed_everything
 from tunekit.state import TrainingState
-from tunekit._checkpointer import TrialCheckpointer, TrialContent
+from tunekit._checkpointer import BACKGROUND_MIN_BYTES, TrialCheckpointer, TrialContent
 from tunekit._restoring import raise_failed_clone
 from tunekit._saving import trainable_spec
 
@@ -65,7 +65,10 @@ class TorchTrainable(tune.Trainable):
     is one copy of the state's tensors. See :mod:`tunekit._saving`
     for what holds if the worker dies during such a write. Set
     ``background_saves = False`` in a subclass, or ``TUNEKIT_BACKGROUND_SAVES=0``
-    in the workers' environment, to write before ``save`` returns.
+    in the workers' environment, to write before ``save`` returns. A state
+    under ``background_saves_min_bytes`` of tensors (models and optimizers)
+    is always written before ``save`` returns: a helper thread would cost it
+    more than the write.
 
     When Ray asks again for the same iteration (say a PBT save and a
     ``checkpoint_frequency`` hit), the second checkpoint is a directory of
@@ -74,6 +77,8 @@ class TorchTrainable(tune.Trainable):
 
     #: Two-phase saves (see above); ``TUNEKIT_BACKGROUND_SAVES=0`` turns them off everywhere.
     background_saves: ClassVar[bool] = True
+    #: States with fewer tensor bytes are written before ``save`` returns (0: every save two-phase).
+    background_saves_min_bytes: ClassVar[int] = BACKGROUND_MIN_BYTES
 
     mutable_hyperparameters: ClassVar[tuple[str, ...]] = ()
     #: Config keys :meth:`build_reusable` depends on (``()``: on none).

@@ -74,6 +74,7 @@ TRAINER = textwrap.dedent(
     root, index, restore, go = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     storage = _ray.offline_storage(root, "trial")  # no Ray needed in this process
     storage.current_checkpoint_index = index  # what the driver hands a new worker
+    DigitsTrainable.background_saves_min_bytes = 0  # two-phase saves, although the state is small
     trainable = DigitsTrainable(config={"hidden_size": 8, "steps_per_iteration": 2}, storage=storage)
     if restore:
         trainable.restore(restore)
@@ -175,6 +176,7 @@ def test_a_worker_handed_to_a_new_trial_does_not_wait_for_the_previous_trials_wr
     from tunekit._saving import drain_writes
     from tunekit.trainables import DigitsTrainable
 
+    monkeypatch.setattr(DigitsTrainable, "background_saves_min_bytes", 0)  # two-phase, although small
     config = {"hidden_size": 8, "steps_per_iteration": 2}
     release, failing = threading.Event(), threading.Event()
 

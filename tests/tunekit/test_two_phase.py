@@ -27,6 +27,7 @@ import torch
 from tunekit import CheckpointError, read_state, verify_checkpoint, write_checkpoint
 from tunekit._trial_dir import leftovers
 from tunekit.state import StateBuffers, TrainingState
+from tunekit._durability import Durability
 from tunekit._restoring import local_request, prepare_restore
 from tunekit._pins import is_pinned, pin_checkpoint
 from tunekit._trial_dir import await_write
@@ -202,8 +203,9 @@ _NICE_15 = textwrap.dedent("""
         written.wait()
         saves.wait()
         return seen[0]
+    import tunekit._durability as durable
     seen, synced = [], threading.Event()
-    saving.fsync_paths = lambda paths: (seen.append(nice()), synced.set())
+    durable.fsync_paths = lambda paths: (seen.append(nice()), synced.set())
     durability = saving.Durability()
     durability.sync(os.getcwd())
     synced.wait()
@@ -241,3 +243,79 @@ def test_background_writes_run_below_a_ray_workers_priority_and_at_it_when_waite
     background, urgent, fsync, running, queued, may_lower = done.stdout.split()
     assert (int(background), int(urgent), int(fsync)) == (19, 15, 19)
     assert (int(running), int(queued)) == ((15, 15) if may_lower == "True" else (19, 19))
+
+
+def test_a_small_state_is_written_before_save_returns_a_large_one_on_the_helper_thread(tmp_path, monkeypatch):
+    """Below ``background_saves_min_bytes`` of tensors a save writes in place on the training thread (no kept
+    copy, no announced directory): whole when ``save`` returns. At 0 the same trainable saves two-phase."""
+    import tunekit.checkpoint as checkpoint
+    from tunekit import _ray
+    from tunekit.trainables import DigitsTrainable
+
+    class TwoPhase(DigitsTrainable):
+        background_saves_min_bytes = 0
+
+    threads: list[str] = []
+    monkeypatch.setattr(checkpoint, "_on_write_phase", lambda phase: threads.append(threading.current_thread().name))
+    for cls, name in ((DigitsTrainable, "small"), (TwoPhase, "two-phase")):
+        threads.clear()
+        trainable = cls(config={"hidden_size": 8, "steps_per_iteration": 2},
+                        storage=_ray.offline_storage(str(tmp_path), name))
+        try:
+            for _ in range(2):
+                trainable.train()
+                saved = trainable.save()
+            if cls is DigitsTrainable:
+                assert verify_checkpoint(saved.checkpoint.path).ok  # whole at once: nothing in flight
+                assert set(threads) == {threading.current_thread().name}, threads
+                assert not [p.name for p in Path(saved.checkpoint.path).parent.iterdir() if p.name.startswith(".ch")]
+            else:
+                assert threads and all(t.startswith("tunekit-save") for t in threads), threads
+        finally:
+            trainable.stop()
+        assert verify_checkpoint(saved.checkpoint.path).ok
+
+
+def test_the_size_that_decides_counts_the_optimizers_state():
+    from tunekit._checkpointer import _smaller_than
+
+    model = torch.nn.Linear(10, 10)  # 110 floats: 440 bytes
+    state = TrainingState(models={"m": model}, optimizers={"adam": torch.optim.Adam(model.parameters())})
+    assert _smaller_than(state, 441) and not _smaller_than(state, 440)
+    model(torch.ones(1, 10)).sum().backward()
+    state.optimizers["adam"].step()  # two moments of every parameter, and a step count each
+    assert not _smaller_than(state, 1320) and _smaller_than(state, 1320 + 2 * 4 + 1)
+
+
+def test_a_small_checkpoint_reaches_the_disk_with_one_syncfs_or_else_with_fsyncs(tmp_path, monkeypatch):
+    import ctypes
+    import errno
+
+    import tunekit._durability as durable
+
+    directory = write_checkpoint(tmp_path / "ckpt", {"w": torch.ones(4)}, durable=False)
+    fsynced: list[list[Path]] = []
+    real_fsync = durable.fsync_paths
+    monkeypatch.setattr(durable, "fsync_paths", lambda paths: (fsynced.append(paths), real_fsync(paths)))
+    if durable._SYNCFS is not None:  # Linux: one call, no per-path fsync
+        durability = Durability()
+        durability.sync(directory, whole_filesystem=True)
+        durability.wait()
+        assert fsynced == []
+
+    def refusing(code):
+        def syncfs(fd):
+            ctypes.set_errno(code)
+            return -1
+        return syncfs
+
+    monkeypatch.setattr(durable, "_SYNCFS", refusing(errno.ENOSYS))  # a filesystem (or libc) without it
+    durability = Durability()
+    durability.sync(directory, whole_filesystem=True)
+    durability.wait()
+    assert sorted(p.name for p in fsynced[0]) == sorted(["manifest.json", "state.pt", "tunekit.json", "ckpt",
+                                                         tmp_path.name])
+    monkeypatch.setattr(durable, "_SYNCFS", refusing(errno.EIO))  # the disk failed: the waiter hears of it
+    durability.sync(directory, whole_filesystem=True)
+    with pytest.raises(OSError, match="Input/output error"):
+        durability.wait()
