@@ -18,6 +18,7 @@ from ray import tune
 
 from tests.support.faults import flip_byte
 from tunekit import function_trainable
+from tunekit._checkpointer import BACKGROUND_MIN_BYTES
 from tunekit._trial_dir import await_write
 from tunekit.trainables import DigitsTrainable, train_digits
 
@@ -239,6 +240,19 @@ class DyingTrainDigits(function_trainable(dying_train_digits, name="DyingTrainDi
     def save(self, checkpoint_dir=None):
         saving()
         return super().save(checkpoint_dir)
+
+
+class SmallDyingDigits(DyingDigits):
+    """:class:`DyingDigits` with the default ``background_saves_min_bytes``: its small state is written before
+    ``save`` returns, so a death inside the write is a death inside Ray's save task."""
+
+    background_saves_min_bytes = BACKGROUND_MIN_BYTES
+
+
+class SmallDyingTrainDigits(DyingTrainDigits):
+    """:class:`DyingTrainDigits` written before ``save`` returns, as :class:`SmallDyingDigits`."""
+
+    background_saves_min_bytes = BACKGROUND_MIN_BYTES
 
 
 class DamageAndKill(tune.Callback):

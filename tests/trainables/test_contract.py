@@ -16,6 +16,8 @@ from tests.support.contract import (
     DyingDigits,
     DyingTrainDigits,
     KillActorOnce,
+    SmallDyingDigits,
+    SmallDyingTrainDigits,
     checkpoint_iterations,
     end_actor,
     make_actor,
@@ -240,6 +242,28 @@ def test_killed_inside_a_checkpoint_write_on_s3_resumes_bit_exact(ray_session, t
     plain = plain_run(trainable)
     a, b = read_state(plain.checkpoint.path), read_state(killed.checkpoint)
     assert tensors_equal(a["models"], b["models"]) == [] and tensors_equal(a["optimizers"], b["optimizers"]) == []
+
+
+def test_killed_inside_a_small_checkpoints_write_before_save_returned_resumes_bit_exact(
+        ray_session, trainable, storage, plain_run, tmp_path):
+    """A small state is written before ``save`` returns (no helper thread): SIGKILL inside that write, with
+    num_to_keep=1. Tune registered nothing, so iteration 2's checkpoint is still there and the retry resumes
+    from it; the dead writer's staging directory is tidied away."""
+    dying = {DigitsTrainable: SmallDyingDigits, TrainDigits: SmallDyingTrainDigits}[trainable]
+    phase = "state" if trainable is DigitsTrainable else "manifest"
+    died = tmp_path / "died"
+    config = {**CONFIG, "die_at": 4, "die_in_write": phase, "die_after_step": False, "die_marker": str(died)}
+    killed = _fit(dying, storage, f"killsmall-{phase}", config=config, max_failures=2, num_to_keep=1,
+                  callbacks=[ParquetLogger()], **PLAIN)[0]
+    assert died.exists()
+    seen = tunekit_rows(killed)["training_iteration"].tolist()
+    assert [seen.count(i) for i in range(1, 9)] == [1, 1, 2, 2, 1, 1, 1, 1], seen  # resumed from iteration 2
+    plain = plain_run(trainable)
+    a, b = read_state(plain.checkpoint.path), read_state(killed.checkpoint.path)
+    assert tensors_equal(a["models"], b["models"]) == [] and tensors_equal(a["optimizers"], b["optimizers"]) == []
+    trial = Path(killed.path)
+    assert sorted(p.name for p in trial.iterdir() if p.is_dir()) == [Path(killed.checkpoint.path).name]
+    assert verify_checkpoint(killed.checkpoint.path).ok
 
 
 def test_no_good_checkpoint_to_fall_back_to_fails_clearly(ray_session, trainable, storage):
