@@ -13,8 +13,11 @@ Two ways, chosen per checkpoint by whoever wrote it:
   on (Linux), for a small checkpoint written in place. Its files and both
   directory entries reach the disk with one system call instead of about
   fifteen (an open, an fsync and a close per path), each of which hands
-  Python's GIL back and forth with the training thread. Where ``syncfs`` is
-  missing or the filesystem refuses it, the per-path fsyncs run instead.
+  Python's GIL back and forth with the training thread; and one ``syncfs``
+  covers every small checkpoint written before it began, at most one every
+  :data:`SYNCFS_INTERVAL_S` (a checkpoint is on the disk about a second after
+  it was written, not the kernel's 30 s). Where ``syncfs`` is missing or the
+  filesystem refuses it, the per-path fsyncs run instead.
 
 Tested in ``tests/tunekit/test_two_phase.py`` and ``tests/tunekit/test_integrity.py``.
 """
@@ -25,13 +28,14 @@ import ctypes
 import errno
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from tunekit._priority import lend_priority, submit_below
 from tunekit.checkpoint import fsync_paths
 
-__all__ = ["Durability", "sync_filesystem"]
+__all__ = ["SYNCFS_INTERVAL_S", "Durability", "sync_filesystem"]
 
 _SYNCER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-fsync")
 
@@ -69,9 +73,54 @@ def _paths_of(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file()) + [path, path.parent]
 
 
-def _sync_whole(path: Path) -> None:
-    if not sync_filesystem(str(path)):
-        fsync_paths(_paths_of(path))
+def _sync_whole(path: Path) -> bool:
+    """``syncfs`` (True: the whole filesystem is synced), else fsync the checkpoint's paths (False)."""
+    if sync_filesystem(str(path)):
+        return True
+    fsync_paths(_paths_of(path))
+    return False
+
+
+#: Seconds from one ``syncfs`` of small checkpoints to the next (each covers all written since the last began).
+SYNCFS_INTERVAL_S = 1.0
+
+
+class _Coalesced:
+    """The small checkpoints waiting for a ``syncfs``: one job takes every one asked for before it starts.
+
+    Each ``syncfs`` commits the filesystem's journal, and a commit makes every
+    metadata operation on it wait (other trials' saves included): one a second
+    in a process, not one a checkpoint.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._paths: list[Path] = []
+        self._queued: Future | None = None
+        self._last = -SYNCFS_INTERVAL_S
+
+    def request(self, path: Path) -> Future:
+        with self._lock:
+            self._paths.append(path)
+            if self._queued is None:
+                self._queued = submit_below(_SYNCER, self._run)
+            return self._queued
+
+    def _run(self) -> None:
+        time.sleep(max(0.0, self._last + SYNCFS_INTERVAL_S - time.monotonic()))
+        with self._lock:
+            paths, self._paths, self._queued, self._last = self._paths, [], None, time.monotonic()
+        done: set[int] = set()
+        for path in paths:
+            try:
+                device = os.stat(path).st_dev
+            except FileNotFoundError:
+                continue  # deleted since (retention): nothing of it to keep
+            if device not in done and _sync_whole(path):
+                done.add(device)
+
+
+_COALESCED = _Coalesced()
 
 
 class Durability:
@@ -91,10 +140,11 @@ class Durability:
         """fsync ``directory`` (written with ``durable=False``) on the helper thread (``whole_filesystem``:
         with one ``syncfs``, see the module docstring)."""
         path = Path(directory)
-        job, arg = (_sync_whole, path) if whole_filesystem else (fsync_paths, _paths_of(path))
+        future = _COALESCED.request(path) if whole_filesystem else submit_below(_SYNCER, fsync_paths, _paths_of(path))
         with self._lock:
             self._pending[:] = [f for f in self._pending if not f.done() or f.exception()]
-            self._pending.append(submit_below(_SYNCER, job, arg))
+            if future not in self._pending:
+                self._pending.append(future)
 
     def wait(self) -> None:
         """Block until every directory given to :meth:`sync` is on disk; raise the first fsync error."""
