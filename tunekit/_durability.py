@@ -35,7 +35,7 @@ from pathlib import Path
 from tunekit._priority import lend_priority, submit_below
 from tunekit.checkpoint import fsync_paths
 
-__all__ = ["SYNCFS_INTERVAL_S", "Durability", "sync_filesystem"]
+__all__ = ["Durability", "SYNCFS_INTERVAL_S", "sync_filesystem"]
 
 _SYNCER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-fsync")
 
