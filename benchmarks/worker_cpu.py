@@ -7,20 +7,23 @@ the trainable itself costs per trial, in CPU (every thread, the kernel's
 share of fsync included) and wall time. On 2 CPUs a sweep's workers and
 its driver share the cores, so a millisecond of worker CPU per trial is
 2 s of a 2,000-trial sweep the driver waits for. Without Ray tunekit writes
-each checkpoint in place, fsynced (``--no-fsync``: what the fsyncs cost).
+each checkpoint in place, fsynced (``--no-fsync``: what the fsyncs and syncfs cost).
 
 ``--storage``: each trial gets a ``StorageContext`` as Tune hands its worker
 one (``reset(config, storage=...)``), and ``save()`` is called without a
 directory, so each save goes the way it goes in a sweep: plain's through
 Ray's temporary directory and its copy into the trial's directory, tunekit's
-two-phase path (index claim, staging directory, kept copy, background write,
-rename, fsyncs on a helper thread).
+(the state here is under ``background_saves_min_bytes``) written before the
+save returns: a staging directory renamed into place, one ``syncfs`` a second
+on a helper thread (``--two-phase``: the two-phase path of a larger state
+instead: index claim, announcement, kept copy, write and fsyncs on helper threads).
 
 Usage::
 
     python benchmarks/worker_cpu.py                       # 400 trials, 3 rounds
     python benchmarks/worker_cpu.py --trials 1000 --rounds 5 --no-fsync
     python benchmarks/worker_cpu.py --storage             # the save path of a Tune sweep
+    python benchmarks/worker_cpu.py --storage --two-phase # ... of a sweep whose states are large
 """
 
 from __future__ import annotations
@@ -86,15 +89,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-fsync", action="store_true", help="fsync does nothing (what the fsyncs cost)")
     parser.add_argument("--storage", action="store_true",
                         help="each trial with a StorageContext, save() without a directory: a sweep's save path")
+    parser.add_argument("--two-phase", action="store_true",
+                        help="with --storage: tunekit's saves take the two-phase path (background_saves_min_bytes=0)")
     args = parser.parse_args(argv)
     if args.trials < 1 or args.rounds < 1:
         parser.error("--trials and --rounds: at least 1")
+    if args.two_phase and not args.storage:
+        parser.error("--two-phase: only with --storage (without it each save is written into a given directory)")
     if args.no_fsync:
+        import tunekit._durability
+
         os.fsync = lambda fd: None  # type: ignore[assignment]
+        tunekit._durability._SYNCFS = lambda fd: 0  # (the small checkpoints' one syncfs a second)
+    if args.two_phase:
+        many_trials.TunekitShort.background_saves_min_bytes = 0
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     print(f"{args.trials} trials x 4 iterations, a checkpoint every 2, one process, no Ray"
-          + (", each trial with Tune's storage (the two-phase save path)" if args.storage else ", saved in place")
+          + ((", each trial with Tune's storage, " + ("two-phase saves" if args.two_phase else "small saves"))
+             if args.storage else ", saved in place")
           + (", fsync off" if args.no_fsync else ""))
     for round_ in range(1, args.rounds + 1):
         root = tempfile.mkdtemp(prefix="tunekit-worker-cpu-")

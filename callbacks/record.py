@@ -53,6 +53,7 @@ class TunekitCallback(tune.Callback):
         # Tune ends the trial: its last save completes before its worker is let go (stopped, or cached and
         # handed to another trial; a death then is reported twice and errors that other trial). A pause:
         # tunekit's PBT scheduler says so itself; under Ray's own PBT every save does (``on_trial_start``).
+        _ray.note_saves(trial, result)
         if result.get("done"):
             _ray.finish_next_save_in_place(trial)
 

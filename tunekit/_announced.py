@@ -38,7 +38,7 @@ __all__ = [
 INDEX_FILE = ".tunekit-index"
 
 
-def claim_index(trial_dir: str, proposed: int) -> int:
+def claim_index(trial_dir: str, proposed: int, *, record: bool = True) -> int:
     """The index of the trial's next checkpoint: ``proposed`` (Ray's counter), or higher if it was used already.
 
     Ray's counter lags after a killed write (the driver advances it only when
@@ -49,9 +49,19 @@ def claim_index(trial_dir: str, proposed: int) -> int:
     (checkpoints, staging, kept, pinned and damaged copies) and above the
     highest ever claimed (:data:`INDEX_FILE`, which outlives the tidying of
     interrupted writes), and is recorded there before it is used.
+
+    ``record=False``: for a checkpoint announced only once it is whole (written
+    before its save returns), whose name is its own record. A name above Ray's
+    counter was never registered, so Ray's retention never removes it, and
+    tunekit removes one (a dead writer's staging directory, an announced
+    directory never written) only once a checkpoint of a higher index is
+    whole beside it: the scan of the directory still sees every index above
+    Ray's counter that was ever used.
     """
-    os.makedirs(trial_dir, exist_ok=True)
     index = max(proposed, highest_index(trial_dir) + 1)
+    if not record:
+        return index
+    os.makedirs(trial_dir, exist_ok=True)
     temporary = os.path.join(trial_dir, f"{INDEX_FILE}.{os.getpid()}")
     with open(temporary, "w") as fh:
         fh.write(str(index))

@@ -114,10 +114,11 @@ class TrialContent:
             metadata[ORIGIN] = self.origin
         return sd, metadata
 
-    def write(self, directory: str | os.PathLike[str], *, durable: bool = True) -> None:
-        """Write a checkpoint of the state now into ``directory`` (``durable``: see :func:`tunekit.write_checkpoint`)."""
+    def write(self, directory: str | os.PathLike[str], *, durable: bool = True, staged: bool = False) -> None:
+        """Write a checkpoint of the state now into ``directory`` (``durable``, ``staged``: see
+        :func:`tunekit.write_checkpoint`)."""
         sd, metadata = self.payload()
-        write_checkpoint(directory, sd, metadata=metadata, durable=durable)
+        write_checkpoint(directory, sd, metadata=metadata, durable=durable, staged=staged)
 
     def load(self, directory: str | os.PathLike[str], *, verify: bool = True) -> dict[str, Any]:
         """Load a checkpoint into the state, then apply the hyperparameters that changed since.
@@ -203,8 +204,8 @@ class TrialCheckpointer:
         self.costs: dict[str, float] = {}
         #: The trial directory whose checkpoint the last restore loaded, until the next result reports it.
         self.restored_from: str | None = None
-        #: The last local save went through :attr:`saves` (two-phase), not in place.
-        self._in_background = False
+        #: The trial's local saves go through :attr:`saves` (two-phase), not in place; its state is small.
+        self._in_background, self._small = False, False
 
     def result_keys(self) -> dict[str, Any]:
         """What the trainables add to a result: once after each save, its cost (so each save is one
@@ -250,10 +251,12 @@ class TrialCheckpointer:
         """
         iteration, start = self.trainable.iteration, time.perf_counter()
         self.wait()
+        result, waits = None, self._sync_next or self._sync_all  # this save returns once its write is done
         if content is not None:
             content.origin = self.restored_from  # (not reported yet: see :meth:`_carried_origin`)
-        result, waits = None, self._sync_next or self._sync_all  # this save returns once its write is done
-        self._in_background = False
+            # (a state under background_min_bytes is written before its save returns: :meth:`_save_locally`)
+            self._small = _smaller_than(content.state, self.background_min_bytes)
+            self._in_background = background_saves_enabled(self.trainable, self.background) and not self._small
         if not checkpoint_dir and self._last is not None and self._last[0] == iteration:
             result = save_again(self.trainable, self._last[1], durability=self.durability)
         if result is None and reported is not None:
@@ -268,8 +271,10 @@ class TrialCheckpointer:
             self._sync_next = False
             self.wait()
         blocked = time.perf_counter() - start
-        written = self.saves.last_write_s if self.saves is not None and self._in_background else None
-        self.costs = {SAVE_BLOCKED_KEY: blocked, SAVE_WRITE_KEY: blocked if written is None else written}
+        self.costs = {SAVE_BLOCKED_KEY: blocked}
+        if self._in_background:  # (a save written before it returns has no write of its own to report)
+            written = self.saves.last_write_s if self.saves is not None else None
+            self.costs[SAVE_WRITE_KEY] = blocked if written is None else written
         return result
 
     def _save_locally(self, content: TrialContent, *, urgent: bool) -> Any:
@@ -281,15 +286,13 @@ class TrialCheckpointer:
         switches, the kept copy of the previous checkpoint and the announcement cost more CPU than it saves.
         It reaches the disk with one ``syncfs`` (see :mod:`tunekit._durability`).
         """
-        small = _smaller_than(content.state, self.background_min_bytes)
-        self._in_background = background_saves_enabled(self.trainable, self.background) and not small
         if self._in_background:
             if self.saves is None:
                 self.saves = BackgroundSaves()
             self.saves.urgent = urgent
             return save_snapshot(self.trainable, self.saves, content.payload, durability=self.durability)
-        return save_in_place(self.trainable, lambda d: content.write(d, durable=False), durability=self.durability,
-                             whole_filesystem=small)
+        return save_in_place(self.trainable, lambda d: content.write(d, durable=False, staged=True),
+                             durability=self.durability, whole_filesystem=self._small)
 
     # -- restoring ---------------------------------------------------------------
     def restore(

@@ -66,7 +66,8 @@ from tunekit._announced import announce, claim_index, drop_unregistered
 from tunekit._durability import Durability
 from tunekit._pins import release_adopted_pin
 from tunekit._priority import lend_priority, submit_below
-from tunekit._trial_dir import CHECKPOINT_DIR, keep_newest_complete, link_tree, stage_checkpoint, tidy
+from tunekit._trial_dir import (CHECKPOINT_DIR, has_hidden_checkpoints, keep_newest_complete, link_tree,
+                               stage_checkpoint, tidy)
 from tunekit.checkpoint import confirm_upload, write_checkpoint, write_phase
 from tunekit.errors import CheckpointError, first_line
 from tunekit.state import StateBuffers
@@ -221,7 +222,8 @@ def save_in_place(
         The result ``save()`` returns, or None when the trainable has no local
         storage (the caller then uses ``Trainable.save``).
     """
-    target = _ray.next_local_checkpoint(trainable, claim_index)
+    # (announced before it is whole: the index is recorded; written now: its name is its record)
+    target = _ray.next_local_checkpoint(trainable, claim_index if background is not None else _unrecorded)
     if target is None:
         return None
     final, metrics = target
@@ -234,6 +236,10 @@ def save_in_place(
         announce(final)
         background.submit(final, lambda: commit_checkpoint(staging, final, write, durability))
     return _ray.publish_local_checkpoint(trainable, final, metrics)
+
+
+def _unrecorded(trial_dir: str, proposed: int) -> int:
+    return claim_index(trial_dir, proposed, record=False)
 
 
 def save_snapshot(
@@ -255,7 +261,7 @@ def save_snapshot(
 
     def write(directory: str) -> None:
         saves.buffers.wait_copied()
-        write_checkpoint(directory, sd, metadata=metadata, durable=False)
+        write_checkpoint(directory, sd, metadata=metadata, durable=False, staged=True)
 
     return save_in_place(trainable, write, durability=durability, background=saves)
 
@@ -279,8 +285,9 @@ def commit_checkpoint(staging: str, final: str, write: Callable[[str], None], du
     durability.sync(final, whole_filesystem=whole_filesystem)
     parent, name = os.path.split(final)
     if match := CHECKPOINT_DIR.match(name):
-        drop_unregistered(parent, int(match[1]))  # first: it needs the dead writers' staging directories
-        tidy(parent, int(match[1]))
+        if has_hidden_checkpoints(parent):  # (one scan, not three, when nothing is left over: the usual case)
+            drop_unregistered(parent, int(match[1]))  # first: it needs the dead writers' staging directories
+            tidy(parent, int(match[1]))
         release_adopted_pin(parent, int(match[1]))
 
 

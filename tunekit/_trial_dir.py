@@ -39,6 +39,7 @@ Tested in ``tests/tunekit/test_two_phase.py`` (staging, kept copies, leftovers) 
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -62,6 +63,7 @@ __all__ = [
     "await_write",
     "checkpoint_name_of",
     "damaged_name",
+    "has_hidden_checkpoints",
     "keep_newest_complete",
     "kept_name",
     "leftovers",
@@ -115,8 +117,12 @@ PINNED_COPY = re.compile(r"^\.(checkpoint_(\d+))\.pin-[0-9a-f]+$")
 
 def writer_id() -> str:
     """``HOST-PID`` of this process, as staging directories name their writer."""
-    host = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
-    return f"{host}-{os.getpid()}"
+    return f"{_host()}-{os.getpid()}"
+
+
+@functools.lru_cache(maxsize=1)
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
 
 
 def writer_alive(host: str | None, pid: int) -> bool:
@@ -221,6 +227,13 @@ def keep_newest_complete(final: str) -> None:
     except OSError:
         # Ray deleted it meanwhile (then nothing complete is left to keep), or it was kept already.
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def has_hidden_checkpoints(parent: str) -> bool:
+    """Whether ``parent`` holds any ``.checkpoint_*`` name (staging directories, kept, pinned, damaged copies):
+    when it holds none, :func:`tidy` and :func:`tunekit._announced.drop_unregistered` have nothing to do."""
+    with os.scandir(parent) as entries:
+        return any(e.name.startswith(".checkpoint_") for e in entries)
 
 
 def tidy(parent: str, completed: int) -> None:

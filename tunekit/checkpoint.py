@@ -21,16 +21,7 @@ A tunekit checkpoint is a directory holding:
 Manifest formats: ``tunekit-manifest/3`` (written) names the hash of each
 file, XXH3-128; ``tunekit-manifest/2`` (still verified) used SHA-256.
 
-Why XXH3-128: the manifest guards against accidental damage (a torn or
-truncated write, a lost or cut upload, bit rot), not against an attacker:
-whoever can rewrite ``state.pt`` can rewrite an unsigned manifest too, and
-``state.pt`` is only ever loaded with ``weights_only=True``. For that job a
-128-bit non-cryptographic hash is as good as SHA-256, and restore and
-``tunekit verify`` are bound by the hash. Measured on the development
-machine (2 CPUs, one thread, 512 MiB in memory): SHA-256 1.8 GB/s, BLAKE3
-4.5 GB/s (8.0 GB/s on two threads), CRC32 3.6 GB/s, XXH3-128 28 GB/s. At
-that speed hashing costs a few percent of reading the bytes from the page
-cache, so a verified restore costs what ``torch.load`` costs.
+Why XXH3-128 (a guard against accidental damage, not an attacker; 28 GB/s): docs/checkpoints.md.
 
 Checkpoints are verified where they are stored: the functions below take a
 local path, a URI, a :class:`tunekit.storage.Storage` or a ``ray.tune.Checkpoint``.
@@ -214,14 +205,15 @@ def fsync_paths(paths: list[Path]) -> None:
             os.close(fd)
 
 
-def _write_file(path: Path, data: bytes, *, sync: bool) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+def _write_file(path: Path, data: bytes, *, sync: bool, staged: bool = False) -> None:
+    tmp = path if staged else path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
         fh.write(data)
         if sync:
             fh.flush()
             os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    if not staged:
+        os.replace(tmp, path)
 
 
 def write_checkpoint(
@@ -230,6 +222,7 @@ def write_checkpoint(
     *,
     metadata: dict[str, Any] | None = None,
     durable: bool = True,
+    staged: bool = False,
 ) -> Path:
     """Write ``state`` into ``directory`` as a tunekit checkpoint.
 
@@ -243,13 +236,13 @@ def write_checkpoint(
         state: A state dict, usually :meth:`TrainingState.state_dict`.
         metadata: JSON-like metadata stored in ``tunekit.json``.
         durable: True fsyncs every file before the manifest and the manifest
-            before returning. False returns once the files are written (in
-            the page cache: safe from a killed process, not from a power
-            loss); pass the directory to ``Durability.sync`` (:mod:`tunekit._saving`) once it
-            is where it stays, so training goes on while it reaches the disk.
-            A power loss in between can only leave a checkpoint that
-            verification reports as damaged (the manifest holds every file's
-            hash), which restore then skips.
+            before returning. False returns once the files are in the page
+            cache (safe from a killed process, not from a power loss): pass
+            the directory to ``Durability.sync`` (:mod:`tunekit._saving`) once
+            it is where it stays. A power loss in between can only leave a
+            checkpoint that verification reports as damaged, which restore skips.
+        staged: ``directory`` is a new staging directory holding nothing else,
+            renamed into place once written: no temporary names for the files.
 
     Returns:
         The checkpoint directory.
@@ -270,17 +263,14 @@ def write_checkpoint(
         if sync:
             os.fsync(fh.fileno())
     files[STATE_FILE] = {"size": writer.size, WRITTEN_HASH: writer.digest.hexdigest()}
-    meta = {
-        "format": "tunekit-checkpoint/1",
-        "torch": torch.__version__,
-        **json_safe(metadata or {}),
-    }
+    meta = {"format": "tunekit-checkpoint/1", "torch": torch.__version__, **json_safe(metadata or {})}
     meta_bytes = json.dumps(meta, indent=1, sort_keys=True).encode()
-    _write_file(path / METADATA_FILE, meta_bytes, sync=sync)
+    _write_file(path / METADATA_FILE, meta_bytes, sync=sync, staged=staged)
     files[METADATA_FILE] = {"size": len(meta_bytes), WRITTEN_HASH: digest_bytes(meta_bytes, WRITTEN_HASH)}
-    _list_other_files(path, files, sync=sync)
+    if not staged:  # (a new staging directory holds nothing else)
+        _list_other_files(path, files, sync=sync)
     write_phase("manifest")
-    _write_file(manifest, manifest_bytes(files), sync=sync)
+    _write_file(manifest, manifest_bytes(files), sync=sync, staged=staged)
     return path
 
 

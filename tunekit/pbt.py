@@ -187,6 +187,7 @@ class PopulationBasedTrainingNoIdlePause(PBTWithDonorChoice):
     @override
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
         record.observe(self, tune_controller.get_trials(), scheduler=True)
+        _ray.note_saves(trial, result)
         running = not self.synch and trial.status == Trial.RUNNING
         self._handling = (tune_controller, trial, result.get(self.time_attr, 0)) if running else None
         self._decided = None

@@ -49,6 +49,18 @@ def test_an_index_is_never_announced_twice(tmp_path):
     assert (trial / INDEX_FILE).read_text() == "10"
 
 
+def test_a_checkpoint_written_before_its_save_returns_takes_an_unused_index_without_a_record(tmp_path):
+    """Nothing is announced before it is whole: the names in the directory are the record."""
+    trial = tmp_path / "trial"
+    (trial / "checkpoint_000003").mkdir(parents=True)  # complete, never registered: Ray's counter says 2
+    (trial / ".checkpoint_000004.partial-host-1-abc").mkdir()  # its writer was killed
+    assert claim_index(str(trial), 2, record=False) == 5
+    assert not (trial / INDEX_FILE).exists()
+    (trial / INDEX_FILE).write_text("9")  # two-phase saves of the trial claimed up to 9: still honoured
+    assert claim_index(str(trial), 2, record=False) == 10 and (trial / INDEX_FILE).read_text() == "9"
+    assert claim_index(str(tmp_path / "new"), 0, record=False) == 0 and not (tmp_path / "new").exists()
+
+
 def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()

@@ -463,7 +463,10 @@ def test_function_mixins_and_placement_group_removal_behave_as_relied_on(ray_ses
 def test_a_trial_asks_its_worker_to_finish_its_last_save_once_per_result_in_a_worker_it_had_before(ray_session):
     """``finish_next_save_in_place``: one ask per result Tune handles however many callbacks ask; and again
     at a later result in the same worker (a trial paused, then resumed in the worker it had: actor reuse),
-    whose last save would otherwise return before it is written."""
+    whose last save would otherwise return before it is written. None while the trial's results say its saves
+    are written before they return (``note_saves``)."""
+    from tunekit.interval import SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
+
 
     @ray.remote(num_cpus=0)
     class Worker:
@@ -490,6 +493,15 @@ def test_a_trial_asks_its_worker_to_finish_its_last_save_once_per_result_in_a_wo
     _ray.finish_next_save_in_place(trial)
     _ray.finish_next_save_in_place(trial)
     assert ray.get(worker.times_asked.remote()) == 2
+    # A result after a save without a write of its own to report: the worker writes each save before it returns.
+    _ray.note_saves(trial, {SAVE_BLOCKED_KEY: 0.01, "loss": 1.0})
+    _ray.note_saves(trial, {"loss": 0.5})  # (a result with no save before it says nothing)
+    trial.run_metadata.last_result = {"training_iteration": 12}
+    _ray.finish_next_save_in_place(trial)
+    assert ray.get(worker.times_asked.remote()) == 2
+    _ray.note_saves(trial, {SAVE_BLOCKED_KEY: 0.01, SAVE_WRITE_KEY: 0.2})  # its state grew: two-phase saves
+    _ray.finish_next_save_in_place(trial)
+    assert ray.get(worker.times_asked.remote()) == 3
     ray.kill(worker)
 
 

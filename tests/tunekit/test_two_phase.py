@@ -25,6 +25,8 @@ import pytest
 import torch
 
 from tunekit import CheckpointError, read_state, verify_checkpoint, write_checkpoint
+from tunekit._announced import INDEX_FILE
+from tunekit.interval import SAVE_WRITE_KEY
 from tunekit._trial_dir import leftovers
 from tunekit.state import StateBuffers, TrainingState
 from tunekit._durability import Durability
@@ -265,12 +267,19 @@ def test_a_small_state_is_written_before_save_returns_a_large_one_on_the_helper_
             for _ in range(2):
                 trainable.train()
                 saved = trainable.save()
+            trial = Path(saved.checkpoint.path).parent
             if cls is DigitsTrainable:
                 assert verify_checkpoint(saved.checkpoint.path).ok  # whole at once: nothing in flight
                 assert set(threads) == {threading.current_thread().name}, threads
-                assert not [p.name for p in Path(saved.checkpoint.path).parent.iterdir() if p.name.startswith(".ch")]
+                # Only the checkpoints: no index record (nothing is announced before it is whole), no leftovers.
+                assert sorted(p.name for p in trial.iterdir()) == ["checkpoint_000000", "checkpoint_000001"]
+                assert sorted(p.name for p in Path(saved.checkpoint.path).iterdir()) == [
+                    "manifest.json", "state.pt", "tunekit.json"]
+                assert SAVE_WRITE_KEY not in trainable.train()  # no write of its own to report: the driver's cue
             else:
                 assert threads and all(t.startswith("tunekit-save") for t in threads), threads
+                assert (trial / INDEX_FILE).read_text() == "1"  # announced before its write: the index is recorded
+                assert SAVE_WRITE_KEY in trainable.train()
         finally:
             trainable.stop()
         assert verify_checkpoint(saved.checkpoint.path).ok

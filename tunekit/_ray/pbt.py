@@ -22,10 +22,13 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining
 from typing_extensions import override
 
+from tunekit.interval import SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
+
 __all__ = [
     "PBTWithDonorChoice",
     "clone_in_place",
     "finish_next_save_in_place",
+    "note_saves",
     "pin_donor_checkpoint",
     "supports_clone",
     "synchronous_saves",
@@ -103,11 +106,23 @@ def finish_next_save_in_place(trial: Any) -> None:
     resumed in the same worker (actor reuse) asks again at its end.
     """
     state = trial.temporary_state
+    if getattr(state, "tunekit_saves_inline", False):  # each save is written before it returns: nothing to ask
+        return
     actor = state.ray_actor
     asked = (actor, trial.last_result.get("training_iteration"))  # Tune updates last_result after the callbacks
     if actor is not None and getattr(state, "tunekit_ending", None) != asked and supports_clone(trial):
         actor.tunekit_sync_next_save.remote()
         state.tunekit_ending = asked
+
+
+def note_saves(trial: Any, result: dict[str, Any]) -> None:
+    """Whether the trial's worker writes each checkpoint before its ``save`` returns, from a result after a save:
+    tunekit's trainables report ``tunekit/save_write_s`` only for a save whose write runs on after it returned
+    (a large state's two-phase save). Kept in the trial's temporary state (never saved), for
+    :func:`finish_next_save_in_place`: the last save of a trial whose saves are written at once needs no ask."""
+    state = getattr(trial, "temporary_state", None)  # (None: a stand-in for a trial, as in a unit test)
+    if state is not None and SAVE_BLOCKED_KEY in result:
+        state.tunekit_saves_inline = SAVE_WRITE_KEY not in result
 
 
 def synchronous_saves(trial: Any, scheduler: Any) -> None:
