@@ -13,7 +13,8 @@ one run (interleaved when ``--repeats`` > 1, best of each reported):
   :class:`tunekit.FunctionSession`, wrapped by :func:`tunekit.function_trainable`;
 * ``class+callbacks``: ``class`` with ``ParquetLogger()``, ``ProgressPrinter("loss")`` and
   ``KeepCheckpoints(trial_latest=1, experiment_best=5, ...)`` (``--callbacks``: some of them, to see what
-  each costs).
+  each costs);
+* ``function+callbacks``: ``function`` with the same callbacks.
 
 Per-trial attribution from the trials' own timings: every worker logs how
 long each ``setup``, ``reset``, ``train``, ``save`` and ``stop`` took; the
@@ -51,8 +52,8 @@ from ray import tune  # noqa: E402
 from pbt import PHASES_ENV, clear_phases, fit_and_read_phases, timed, worker_time_ms, workers_trained  # noqa: E402
 from tunekit import FunctionSession, TorchTrainable, TrainingState, function_trainable  # noqa: E402
 
-VARIANTS = ("plain", "class", "function", "class+callbacks")
-CALLBACKS = ("parquet", "progress", "keep")  # class+callbacks' callbacks (--callbacks: some of them)
+VARIANTS = ("plain", "class", "function", "class+callbacks", "function+callbacks")
+CALLBACKS = ("parquet", "progress", "keep")  # the +callbacks variants' callbacks (--callbacks: some of them)
 PHASES = ("setup", "reset", "step", "first step after", "save", "save (nothing new)", "restore", "stop")
 
 
@@ -131,7 +132,7 @@ def _with_setup_timing(cls: type) -> type:
 def _trainable(variant: str) -> type:
     if variant == "plain":
         return _with_setup_timing(PlainShort)
-    if variant == "function":
+    if variant in ("function", "function+callbacks"):
         return _with_setup_timing(function_trainable(train_short))
     return _with_setup_timing(TunekitShort)
 
@@ -146,7 +147,7 @@ def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: in
     clear_phases(phases_dir)
     made = {"parquet": ParquetLogger, "progress": lambda: ProgressPrinter("loss", stream=open(os.devnull, "w")),
             "keep": lambda: KeepCheckpoints(trial_latest=1, experiment_best=5, metric="loss", mode="min")}
-    callbacks = [made[name]() for name in callback_names] if variant == "class+callbacks" else []
+    callbacks = [made[name]() for name in callback_names] if variant.endswith("+callbacks") else []
     from tunekit.schedulers import ASHAKeepWorkersBusy, FIFOKeepWorkersBusy
 
     asha = dict(metric="loss", mode="min", max_t=iterations, grace_period=1, reduction_factor=2)
@@ -254,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true",
                         help="each sweep in a driver process of its own, the variants' order rotated each round")
     parser.add_argument("--callbacks", default=",".join(CALLBACKS),
-                        help=f"class+callbacks' callbacks, some of {CALLBACKS} (default: all)")
+                        help=f"the +callbacks variants' callbacks, some of {CALLBACKS} (default: all)")
     parser.add_argument("--print-peak-rss", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--keep", metavar="DIR", help="keep the experiments: make them in DIR, not a temporary one")
     args = parser.parse_args(argv)
