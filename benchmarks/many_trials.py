@@ -14,7 +14,13 @@ one run (interleaved when ``--repeats`` > 1, best of each reported):
 * ``class+callbacks``: ``class`` with ``ParquetLogger()``, ``ProgressPrinter("loss")`` and
   ``KeepCheckpoints(trial_latest=1, experiment_best=5, ...)`` (``--callbacks``: some of them, to see what
   each costs);
-* ``function+callbacks``: ``function`` with the same callbacks.
+* ``function+callbacks``: ``function`` with the same callbacks;
+* ``plain-function``: what a Ray Tune user writes as a training function without tunekit (``torch.save``
+  into a temporary directory and ``tune.report(..., checkpoint=...)`` every 2 iterations; Ray refuses
+  ``checkpoint_frequency`` for function trainables): Ray's own cost of running a function (a thread per
+  trial, two thread hand-offs per result), the anchor the ``function`` variants share;
+* ``plain-again``: ``plain`` once more in each round, the noise floor: its ratio to ``plain`` is what the
+  machine alone spreads a same-round ratio by.
 
 Per-trial attribution from the trials' own timings: every worker logs how
 long each ``setup``, ``reset``, ``train``, ``save`` and ``stop`` took; the
@@ -52,7 +58,7 @@ from ray import tune  # noqa: E402
 from pbt import PHASES_ENV, clear_phases, fit_and_read_phases, timed, worker_time_ms, workers_trained  # noqa: E402
 from tunekit import FunctionSession, TorchTrainable, TrainingState, function_trainable  # noqa: E402
 
-VARIANTS = ("plain", "class", "function", "class+callbacks", "function+callbacks")
+VARIANTS = ("plain", "class", "function", "class+callbacks", "function+callbacks", "plain-function", "plain-again")
 CALLBACKS = ("parquet", "progress", "keep")  # the +callbacks variants' callbacks (--callbacks: some of them)
 PHASES = ("setup", "reset", "step", "first step after", "save", "save (nothing new)", "restore", "stop")
 
@@ -118,6 +124,31 @@ def train_short(config: dict[str, Any]) -> None:
         session.report({"loss": _sgd_step(model, optimizer)})
 
 
+def train_plain_function(config: dict[str, Any]) -> None:
+    """The same training as a plain Ray Tune training function (Ray's documented checkpointing)."""
+    torch.manual_seed(config["seed"])
+    model = torch.nn.Linear(16, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
+    iteration = 0
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            sd = torch.load(os.path.join(directory, "state.pt"), weights_only=True)
+        model.load_state_dict(sd["model"])
+        optimizer.load_state_dict(sd["optimizer"])
+        iteration = sd["iteration"]
+    while True:
+        loss = _sgd_step(model, optimizer)
+        iteration += 1
+        if iteration % 2:
+            tune.report({"loss": loss})
+            continue
+        with tempfile.TemporaryDirectory() as directory:
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "iteration": iteration},
+                       os.path.join(directory, "state.pt"))
+            tune.report({"loss": loss}, checkpoint=tune.Checkpoint.from_directory(directory))
+
+
 def _with_setup_timing(cls: type) -> type:
     class Timed(timed(cls)):  # type: ignore[misc, valid-type]
         def setup(self, config: dict[str, Any]) -> None:
@@ -130,8 +161,12 @@ def _with_setup_timing(cls: type) -> type:
 
 
 def _trainable(variant: str) -> type:
-    if variant == "plain":
+    if variant in ("plain", "plain-again"):
         return _with_setup_timing(PlainShort)
+    if variant == "plain-function":
+        from ray.tune.trainable.function_trainable import wrap_function
+
+        return _with_setup_timing(wrap_function(train_plain_function))
     if variant in ("function", "function+callbacks"):
         return _with_setup_timing(function_trainable(train_short))
     return _with_setup_timing(TunekitShort)
@@ -160,7 +195,9 @@ def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: in
         run_config=tune.RunConfig(
             name=name, storage_path=storage, stop={"training_iteration": iterations}, verbose=0,
             callbacks=callbacks,
-            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2, checkpoint_at_end=True),
+            # (a training function checkpoints itself: Ray refuses a frequency for it)
+            checkpoint_config=tune.CheckpointConfig() if variant == "plain-function" else
+            tune.CheckpointConfig(checkpoint_frequency=2, checkpoint_at_end=True),
         ),
     )
     return fit_and_read_phases(tuner, name, phases_dir)
