@@ -35,6 +35,7 @@ Usage::
     python benchmarks/many_trials.py --driver-memory 100,2000 --variants plain,class+callbacks --repeats 3
     python benchmarks/many_trials.py --trials 2000 --fresh --repeats 3   # a driver process per sweep
     python benchmarks/many_trials.py --trials 2000 --fresh --repeats 3 --scheduler busy   # tunekit.schedulers
+    python benchmarks/many_trials.py --trials 2000 --paired --repeats 3 --scheduler busy --variants class+callbacks
 """
 
 from __future__ import annotations
@@ -255,6 +256,29 @@ def _fresh(args: argparse.Namespace, variants: list[str]) -> int:
     return 0
 
 
+def _paired(args: argparse.Namespace, variants: list[str]) -> int:
+    """Each run of a variant beside a plain run of its own, in a fresh driver each: plain then the variant in
+    odd rounds, the variant then plain in even ones. The machine's speed drifts over minutes (a round of
+    seven 2,000-trial sweeps takes ten); a ratio to the run just before or after sees the least of it."""
+    others = [v for v in variants if v != "plain"]
+    ratios: dict[str, list[float]] = {v: [] for v in others}
+    for repeat in range(args.repeats):
+        for variant in others:
+            pair = ["plain", variant] if repeat % 2 == 0 else [variant, "plain"]
+            walls = {}
+            for name in pair:
+                walls[name], peak, workers, cpu = _child(args, name, args.trials)
+                print(f"  {name:18s} round {repeat + 1}: {walls[name]:7.1f} s  (driver CPU {cpu:5.1f} s), {workers}",
+                      flush=True)
+            ratios[variant].append(walls[variant] / walls["plain"])
+            print(f"  -> {variant} / plain beside it: {ratios[variant][-1]:.2f}x", flush=True)
+    print(f"\n{args.trials} trials x {args.iterations} iterations, {args.scheduler}, a fresh driver per sweep; "
+          "each run against the plain run beside it")
+    for variant, found in ratios.items():
+        print(f"  {variant:18s} {', '.join(f'{r:.2f}x' for r in found)} (worst {max(found):.2f}x)")
+    return 0
+
+
 def _driver_memory(args: argparse.Namespace, variants: list[str]) -> int:
     """Each variant's driver peak RSS at two trial counts, each sweep in a fresh driver process."""
     counts = [int(n) for n in args.driver_memory.split(",")]
@@ -291,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
                              "process per sweep), and tunekit's growth against plain's per 1,000 trials")
     parser.add_argument("--fresh", action="store_true",
                         help="each sweep in a driver process of its own, the variants' order rotated each round")
+    parser.add_argument("--paired", action="store_true",
+                        help="each run of a variant beside a plain run of its own (fresh drivers; plain first "
+                             "in odd rounds, second in even ones), each ratio against that run")
     parser.add_argument("--callbacks", default=",".join(CALLBACKS),
                         help=f"the +callbacks variants' callbacks, some of {CALLBACKS} (default: all)")
     parser.add_argument("--print-peak-rss", action="store_true", help=argparse.SUPPRESS)
@@ -304,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--callbacks: some of {','.join(CALLBACKS)} (comma-separated), got {args.callbacks!r}")
     if args.driver_memory:
         return _driver_memory(args, variants)
+    if args.paired:
+        return _paired(args, variants)
     if args.fresh:
         return _fresh(args, variants)
 
