@@ -259,15 +259,16 @@ def _fresh(args: argparse.Namespace, variants: list[str]) -> int:
 def _paired(args: argparse.Namespace, variants: list[str]) -> int:
     """Each run of a variant beside a plain run of its own, in a fresh driver each: plain then the variant in
     odd rounds, the variant then plain in even ones. The machine's speed drifts over minutes (a round of
-    seven 2,000-trial sweeps takes ten); a ratio to the run just before or after sees the least of it."""
+    seven 2,000-trial sweeps takes ten minutes); a ratio to the run just before or after sees the least of it."""
     others = [v for v in variants if v != "plain"]
     ratios: dict[str, list[float]] = {v: [] for v in others}
     for repeat in range(args.repeats):
         for variant in others:
             pair = ["plain", variant] if repeat % 2 == 0 else [variant, "plain"]
             walls = {}
+            keep = os.path.join(args.keep, f"r{repeat}-{variant}") if args.keep else None  # (a pair's own)
             for name in pair:
-                walls[name], peak, workers, cpu = _child(args, name, args.trials)
+                walls[name], _, workers, cpu = _child(args, name, args.trials, keep)
                 print(f"  {name:18s} round {repeat + 1}: {walls[name]:7.1f} s  (driver CPU {cpu:5.1f} s), {workers}",
                       flush=True)
             ratios[variant].append(walls[variant] / walls["plain"])
