@@ -217,19 +217,34 @@ def _time_command(args: list[str], runs: int = 3) -> str:
     return f"{best:6.2f} s (exit {code})"
 
 
+def _machine_cpu() -> tuple[float, float]:
+    """The whole machine's CPU seconds so far from ``/proc/stat``: busy (user, nice, system, irq, softirq: every
+    process's, Ray's and the workers' included) and stolen (the hypervisor ran someone else on our CPUs)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / tick, fields[7] / tick
+
+
 def _child(args: argparse.Namespace, variant: str, trials: int,
-           keep: str | None = None) -> tuple[float, float, str, float]:
+           keep: str | None = None) -> tuple[float, float, str, float, float, float]:
     """One sweep in a fresh driver process: its wall time (s), the driver's peak RSS (MiB), the workers that
-    trained, the driver process's CPU time (s; its every thread, Ray's start and the imports included)."""
+    trained, the driver process's CPU time (s; its every thread, Ray's start and the imports included), and
+    the whole machine's busy and stolen CPU seconds during the sweep (``_machine_cpu``)."""
     done = subprocess.run([sys.executable, __file__, "--trials", str(trials), "--iterations", str(args.iterations),
                            "--variants", variant, "--scheduler", args.scheduler, "--print-peak-rss",
                            "--callbacks", args.callbacks,
                            *(["--keep", keep] if keep else [])], capture_output=True, text=True, check=False)
     said = dict(line.split(" ", 1) for line in done.stdout.splitlines()
-                if line.startswith(("peak-rss-kib ", "wall-s ", "workers ", "cpu-s ")))
-    if done.returncode or len(said) != 4:
+                if line.startswith(("peak-rss-kib ", "wall-s ", "workers ", "cpu-s ", "machine-s ")))
+    if done.returncode or len(said) != 5:
         raise SystemExit(f"{variant} at {trials} trials failed: {done.stderr.strip().splitlines()[-3:]}")
-    return float(said["wall-s"]), int(said["peak-rss-kib"]) / 1024, said["workers"], float(said["cpu-s"])
+    busy, stolen = (float(v) for v in said["machine-s"].split())
+    return (float(said["wall-s"]), int(said["peak-rss-kib"]) / 1024, said["workers"], float(said["cpu-s"]),
+            busy, stolen)
 
 
 def _fresh(args: argparse.Namespace, variants: list[str]) -> int:
@@ -239,7 +254,7 @@ def _fresh(args: argparse.Namespace, variants: list[str]) -> int:
     for repeat in range(args.repeats):
         for variant in variants[repeat % len(variants):] + variants[:repeat % len(variants)]:
             keep = os.path.join(args.keep, f"r{repeat}") if args.keep else None
-            wall, peak, workers, cpu = _child(args, variant, args.trials, keep)
+            wall, peak, workers, cpu, _, _ = _child(args, variant, args.trials, keep)
             every[variant].append(wall)
             print(f"  {variant:16s} run {repeat + 1}: {wall:7.1f} s  (driver: peak RSS {peak:6.1f} MiB, CPU "
                   f"{cpu:5.1f} s), {workers}", flush=True)
@@ -259,24 +274,30 @@ def _fresh(args: argparse.Namespace, variants: list[str]) -> int:
 def _paired(args: argparse.Namespace, variants: list[str]) -> int:
     """Each run of a variant beside a plain run of its own, in a fresh driver each: plain then the variant in
     odd rounds, the variant then plain in even ones. The machine's speed drifts over minutes (a round of
-    seven 2,000-trial sweeps takes ten minutes); a ratio to the run just before or after sees the least of it."""
+    seven 2,000-trial sweeps takes ten minutes); a ratio to the run just before or after sees the least of it.
+    Besides wall time, each pair's ratio of the whole machine's busy CPU seconds (every process: the driver,
+    Ray's, the workers): what the sweep cost, without the time the hypervisor stole (``_machine_cpu``)."""
     others = [v for v in variants if v != "plain"]
     ratios: dict[str, list[float]] = {v: [] for v in others}
+    cpu_ratios: dict[str, list[float]] = {v: [] for v in others}
     for repeat in range(args.repeats):
         for variant in others:
             pair = ["plain", variant] if repeat % 2 == 0 else [variant, "plain"]
-            walls = {}
+            walls, busy = {}, {}
             keep = os.path.join(args.keep, f"r{repeat}-{variant}") if args.keep else None  # (a pair's own)
             for name in pair:
-                walls[name], _, workers, cpu = _child(args, name, args.trials, keep)
-                print(f"  {name:18s} round {repeat + 1}: {walls[name]:7.1f} s  (driver CPU {cpu:5.1f} s), {workers}",
-                      flush=True)
+                walls[name], _, workers, cpu, busy[name], stolen = _child(args, name, args.trials, keep)
+                print(f"  {name:18s} round {repeat + 1}: {walls[name]:7.1f} s  (driver CPU {cpu:5.1f} s; machine "
+                      f"busy {busy[name]:6.1f} CPU-s, stolen {stolen:5.1f}), {workers}", flush=True)
             ratios[variant].append(walls[variant] / walls["plain"])
-            print(f"  -> {variant} / plain beside it: {ratios[variant][-1]:.2f}x", flush=True)
+            cpu_ratios[variant].append(busy[variant] / busy["plain"])
+            print(f"  -> {variant} / plain beside it: {ratios[variant][-1]:.2f}x wall, "
+                  f"{cpu_ratios[variant][-1]:.2f}x machine CPU", flush=True)
     print(f"\n{args.trials} trials x {args.iterations} iterations, {args.scheduler}, a fresh driver per sweep; "
-          "each run against the plain run beside it")
+          "each run against the plain run beside it (wall | the machine's busy CPU seconds)")
     for variant, found in ratios.items():
-        print(f"  {variant:18s} {', '.join(f'{r:.2f}x' for r in found)} (worst {max(found):.2f}x)")
+        print(f"  {variant:18s} {', '.join(f'{r:.2f}x' for r in found)} (worst {max(found):.2f}x)  |  "
+              f"{', '.join(f'{r:.2f}x' for r in cpu_ratios[variant])} (worst {max(cpu_ratios[variant]):.2f}x)")
     return 0
 
 
@@ -357,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     walls: dict[str, float] = {}
     every: dict[str, list[float]] = {v: [] for v in variants}
     logs: dict[str, dict[str, list[float]]] = {}
+    machine_before = _machine_cpu()
     try:
         for repeat in range(args.repeats):
             for variant in variants:
@@ -369,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                 if wall < walls.get(variant, float("inf")):
                     walls[variant], logs[variant] = wall, phases
     finally:
+        machine_after = _machine_cpu()
         ray.shutdown()
     if args.print_peak_rss:
         import resource
@@ -376,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         print(f"peak-rss-kib {usage.ru_maxrss}")
         print(f"cpu-s {usage.ru_utime + usage.ru_stime:.1f}")
+        print(f"machine-s {machine_after[0] - machine_before[0]:.2f} {machine_after[1] - machine_before[1]:.2f}")
         print(f"wall-s {every[variants[0]][0]}")
         print(f"workers {workers_trained(logs[variants[0]])}")
         if not args.keep:
