@@ -20,7 +20,10 @@ one run (interleaved when ``--repeats`` > 1, best of each reported):
   ``checkpoint_frequency`` for function trainables): Ray's own cost of running a function (a thread per
   trial, two thread hand-offs per result), the anchor the ``function`` variants share;
 * ``plain-again``: ``plain`` once more in each round, the noise floor: its ratio to ``plain`` is what the
-  machine alone spreads a same-round ratio by.
+  machine alone spreads a same-round ratio by;
+* ``plain-json-only``: ``plain`` with Ray's default loggers cut to its JSON logger
+  (``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=1`` and ``JsonLoggerCallback()``: no CSV file, no tensorboardX
+  event file flushed after every result): what Ray's own loggers cost the driver (docs/schedulers.md).
 
 Per-trial attribution from the trials' own timings: every worker logs how
 long each ``setup``, ``reset``, ``train``, ``save`` and ``stop`` took; the
@@ -59,7 +62,8 @@ from ray import tune  # noqa: E402
 from pbt import PHASES_ENV, clear_phases, fit_and_read_phases, timed, worker_time_ms, workers_trained  # noqa: E402
 from tunekit import FunctionSession, TorchTrainable, TrainingState, function_trainable  # noqa: E402
 
-VARIANTS = ("plain", "class", "function", "class+callbacks", "function+callbacks", "plain-function", "plain-again")
+VARIANTS = ("plain", "class", "function", "class+callbacks", "function+callbacks", "plain-function", "plain-again",
+            "plain-json-only")
 CALLBACKS = ("parquet", "progress", "keep")  # the +callbacks variants' callbacks (--callbacks: some of them)
 PHASES = ("setup", "reset", "step", "first step after", "save", "save (nothing new)", "restore", "stop")
 
@@ -162,7 +166,7 @@ def _with_setup_timing(cls: type) -> type:
 
 
 def _trainable(variant: str) -> type:
-    if variant in ("plain", "plain-again"):
+    if variant in ("plain", "plain-again", "plain-json-only"):
         return _with_setup_timing(PlainShort)
     if variant == "plain-function":
         from ray.tune.trainable.function_trainable import wrap_function
@@ -184,6 +188,13 @@ def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: in
     made = {"parquet": ParquetLogger, "progress": lambda: ProgressPrinter("loss", stream=open(os.devnull, "w")),
             "keep": lambda: KeepCheckpoints(trial_latest=1, experiment_best=5, metric="loss", mode="min")}
     callbacks = [made[name]() for name in callback_names] if variant.endswith("+callbacks") else []
+    loggers_env = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
+    was = os.environ.pop(loggers_env, None)
+    if variant == "plain-json-only":  # (Ray reads it when the Tuner builds its callbacks)
+        from ray.tune.logger import JsonLoggerCallback
+
+        os.environ[loggers_env] = "1"
+        callbacks.append(JsonLoggerCallback())
     from tunekit.schedulers import ASHAKeepWorkersBusy, FIFOKeepWorkersBusy
 
     asha = dict(metric="loss", mode="min", max_t=iterations, grace_period=1, reduction_factor=2)
@@ -201,7 +212,12 @@ def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: in
             tune.CheckpointConfig(checkpoint_frequency=2, checkpoint_at_end=True),
         ),
     )
-    return fit_and_read_phases(tuner, name, phases_dir)
+    try:
+        return fit_and_read_phases(tuner, name, phases_dir)
+    finally:
+        os.environ.pop(loggers_env, None)
+        if was is not None:
+            os.environ[loggers_env] = was
 
 
 def _time_command(args: list[str], runs: int = 3) -> str:
@@ -229,6 +245,19 @@ def _machine_cpu() -> tuple[float, float]:
     return (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / tick, fields[7] / tick
 
 
+def _probe_ms(seconds: float = 2.0) -> float:
+    """The machine's speed now: the median CPU time (ms) of a fixed piece of Python work, repeated for
+    ``seconds`` in this (otherwise idle) process. A host whose neighbours slow it takes longer over it, as over
+    a sweep; measured between sweeps, so a sweep's own processes do not slow it."""
+    times, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0, table = time.process_time(), {}
+        for i in range(30_000):
+            table[i % 997] = table.get(i % 997, 0) + i * i
+        times.append((time.process_time() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
 def _child(args: argparse.Namespace, variant: str, trials: int,
            keep: str | None = None) -> tuple[float, float, str, float, float, float]:
     """One sweep in a fresh driver process: its wall time (s), the driver's peak RSS (MiB), the workers that
@@ -254,7 +283,7 @@ def _fresh(args: argparse.Namespace, variants: list[str]) -> int:
     for repeat in range(args.repeats):
         for variant in variants[repeat % len(variants):] + variants[:repeat % len(variants)]:
             keep = os.path.join(args.keep, f"r{repeat}") if args.keep else None
-            wall, peak, workers, cpu, _, _ = _child(args, variant, args.trials, keep)
+            wall, peak, workers, cpu, *_ = _child(args, variant, args.trials, keep)
             every[variant].append(wall)
             print(f"  {variant:16s} run {repeat + 1}: {wall:7.1f} s  (driver: peak RSS {peak:6.1f} MiB, CPU "
                   f"{cpu:5.1f} s), {workers}", flush=True)
@@ -275,29 +304,35 @@ def _paired(args: argparse.Namespace, variants: list[str]) -> int:
     """Each run of a variant beside a plain run of its own, in a fresh driver each: plain then the variant in
     odd rounds, the variant then plain in even ones. The machine's speed drifts over minutes (a round of
     seven 2,000-trial sweeps takes ten minutes); a ratio to the run just before or after sees the least of it.
-    Besides wall time, each pair's ratio of the whole machine's busy CPU seconds (every process: the driver,
-    Ray's, the workers): what the sweep cost, without the time the hypervisor stole (``_machine_cpu``)."""
+    Three ratios a pair: wall time; the whole machine's busy CPU seconds (every process: the driver, Ray's,
+    the workers; without the time the hypervisor stole, ``_machine_cpu``); and those CPU seconds in units of
+    the speed probe's work just before and after the sweep (``_probe_ms``): what the sweep cost, at whatever
+    speed the machine ran it."""
     others = [v for v in variants if v != "plain"]
-    ratios: dict[str, list[float]] = {v: [] for v in others}
-    cpu_ratios: dict[str, list[float]] = {v: [] for v in others}
+    kinds = ("wall", "machine CPU", "CPU / probe")
+    ratios: dict[str, dict[str, list[float]]] = {v: {k: [] for k in kinds} for v in others}
     for repeat in range(args.repeats):
         for variant in others:
             pair = ["plain", variant] if repeat % 2 == 0 else [variant, "plain"]
-            walls, busy = {}, {}
+            measured: dict[str, tuple[float, float, float]] = {}
             keep = os.path.join(args.keep, f"r{repeat}-{variant}") if args.keep else None  # (a pair's own)
             for name in pair:
-                walls[name], _, workers, cpu, busy[name], stolen = _child(args, name, args.trials, keep)
-                print(f"  {name:18s} round {repeat + 1}: {walls[name]:7.1f} s  (driver CPU {cpu:5.1f} s; machine "
-                      f"busy {busy[name]:6.1f} CPU-s, stolen {stolen:5.1f}), {workers}", flush=True)
-            ratios[variant].append(walls[variant] / walls["plain"])
-            cpu_ratios[variant].append(busy[variant] / busy["plain"])
-            print(f"  -> {variant} / plain beside it: {ratios[variant][-1]:.2f}x wall, "
-                  f"{cpu_ratios[variant][-1]:.2f}x machine CPU", flush=True)
+                before = _probe_ms()
+                wall, _, workers, cpu, busy, stolen = _child(args, name, args.trials, keep)
+                probe_ms = (before + _probe_ms()) / 2
+                measured[name] = (wall, busy, busy / probe_ms)
+                print(f"  {name:18s} round {repeat + 1}: {wall:7.1f} s  (driver CPU {cpu:5.1f} s; machine busy "
+                      f"{busy:6.1f} CPU-s, stolen {stolen:5.1f}; probe {probe_ms:.2f} ms), {workers}", flush=True)
+            for kind, a, b in zip(kinds, measured[variant], measured["plain"]):
+                ratios[variant][kind].append(a / b)
+            print(f"  -> {variant} / plain beside it: "
+                  + ", ".join(f"{found[-1]:.2f}x {kind}" for kind, found in ratios[variant].items()), flush=True)
     print(f"\n{args.trials} trials x {args.iterations} iterations, {args.scheduler}, a fresh driver per sweep; "
-          "each run against the plain run beside it (wall | the machine's busy CPU seconds)")
-    for variant, found in ratios.items():
-        print(f"  {variant:18s} {', '.join(f'{r:.2f}x' for r in found)} (worst {max(found):.2f}x)  |  "
-              f"{', '.join(f'{r:.2f}x' for r in cpu_ratios[variant])} (worst {max(cpu_ratios[variant]):.2f}x)")
+          "each run against the plain run beside it")
+    for variant, by_kind in ratios.items():
+        print(f"  {variant}")
+        for kind, found in by_kind.items():
+            print(f"    {kind:12s} {', '.join(f'{r:.2f}x' for r in found)} (worst {max(found):.2f}x)")
     return 0
 
 
