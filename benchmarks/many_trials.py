@@ -245,19 +245,6 @@ def _machine_cpu() -> tuple[float, float]:
     return (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / tick, fields[7] / tick
 
 
-def _probe_ms(seconds: float = 2.0) -> float:
-    """The machine's speed now: the median CPU time (ms) of a fixed piece of Python work, repeated for
-    ``seconds`` in this (otherwise idle) process. A host whose neighbours slow it takes longer over it, as over
-    a sweep; measured between sweeps, so a sweep's own processes do not slow it."""
-    times, end = [], time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t0, table = time.process_time(), {}
-        for i in range(30_000):
-            table[i % 997] = table.get(i % 997, 0) + i * i
-        times.append((time.process_time() - t0) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def _child(args: argparse.Namespace, variant: str, trials: int,
            keep: str | None = None) -> tuple[float, float, str, float, float, float]:
     """One sweep in a fresh driver process: its wall time (s), the driver's peak RSS (MiB), the workers that
@@ -304,25 +291,21 @@ def _paired(args: argparse.Namespace, variants: list[str]) -> int:
     """Each run of a variant beside a plain run of its own, in a fresh driver each: plain then the variant in
     odd rounds, the variant then plain in even ones. The machine's speed drifts over minutes (a round of
     seven 2,000-trial sweeps takes ten minutes); a ratio to the run just before or after sees the least of it.
-    Three ratios a pair: wall time; the whole machine's busy CPU seconds (every process: the driver, Ray's,
-    the workers; without the time the hypervisor stole, ``_machine_cpu``); and those CPU seconds in units of
-    the speed probe's work just before and after the sweep (``_probe_ms``): what the sweep cost, at whatever
-    speed the machine ran it."""
+    Two ratios a pair: wall time, and the whole machine's busy CPU seconds (every process: the driver, Ray's,
+    the workers; without the time the hypervisor stole, ``_machine_cpu``)."""
     others = [v for v in variants if v != "plain"]
-    kinds = ("wall", "machine CPU", "CPU / probe")
+    kinds = ("wall", "machine CPU")
     ratios: dict[str, dict[str, list[float]]] = {v: {k: [] for k in kinds} for v in others}
     for repeat in range(args.repeats):
         for variant in others:
             pair = ["plain", variant] if repeat % 2 == 0 else [variant, "plain"]
-            measured: dict[str, tuple[float, float, float]] = {}
+            measured: dict[str, tuple[float, float]] = {}
             keep = os.path.join(args.keep, f"r{repeat}-{variant}") if args.keep else None  # (a pair's own)
             for name in pair:
-                before = _probe_ms()
                 wall, _, workers, cpu, busy, stolen = _child(args, name, args.trials, keep)
-                probe_ms = (before + _probe_ms()) / 2
-                measured[name] = (wall, busy, busy / probe_ms)
+                measured[name] = (wall, busy)
                 print(f"  {name:18s} round {repeat + 1}: {wall:7.1f} s  (driver CPU {cpu:5.1f} s; machine busy "
-                      f"{busy:6.1f} CPU-s, stolen {stolen:5.1f}; probe {probe_ms:.2f} ms), {workers}", flush=True)
+                      f"{busy:6.1f} CPU-s, stolen {stolen:5.1f}), {workers}", flush=True)
             for kind, a, b in zip(kinds, measured[variant], measured["plain"]):
                 ratios[variant][kind].append(a / b)
             print(f"  -> {variant} / plain beside it: "

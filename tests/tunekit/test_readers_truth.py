@@ -163,3 +163,26 @@ def test_load_best_model_into_a_module_that_does_not_fit_names_the_checkpoint(ex
     assert "\n" not in message
     assert message.startswith(f"checkpoint {best_checkpoint(str(exp), metric='accuracy', mode='max')}: model")
     assert "does not fit the Linear given" in message and "the checkpoint holds" in message
+
+
+def test_without_rays_loggers_the_readers_read_the_parquet_rows(exp, capsys):
+    """TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=1 with ParquetLogger alone (docs/schedulers.md): no result.json,
+    progress.csv or event file in any trial; nothing is called damaged or lost, and no row is missing."""
+    from tunekit.analysis import load_results, pbt_lineage
+
+    before = load_results(str(exp))
+    exploits = pbt_lineage(str(exp)).exploits
+    logs = [*exp.glob("*/result.json"), *exp.glob("*/progress.csv"), *exp.glob("*/events.out.tfevents.*")]
+    assert {p.name.split(".")[0] for p in logs} == {"result", "progress", "events"}
+    for path in logs:
+        path.unlink()
+    after = load_results(str(exp))
+    assert not after.attrs and len(after) == len(before) > 0
+    assert after[["trial_id", "training_iteration"]].values.tolist() == \
+        before[["trial_id", "training_iteration"]].values.tolist()
+    assert pbt_lineage(str(exp)).exploits.equals(exploits)
+    capsys.readouterr()
+    assert main(["verify", str(exp)]) == 0
+    assert main(["status", str(exp)]) == 0
+    out = capsys.readouterr().out
+    assert "lacks" not in out and "damaged" not in out
