@@ -307,7 +307,7 @@ def _paired(args: argparse.Namespace, variants: list[str]) -> int:
                 print(f"  {name:18s} round {repeat + 1}: {wall:7.1f} s  (driver CPU {cpu:5.1f} s; machine busy "
                       f"{busy:6.1f} CPU-s, stolen {stolen:5.1f}), {workers}", flush=True)
             for kind, a, b in zip(kinds, measured[variant], measured["plain"]):
-                ratios[variant][kind].append(a / b)
+                ratios[variant][kind].append(a / b if b else float("nan"))  # (no /proc/stat: no CPU ratio)
             print(f"  -> {variant} / plain beside it: "
                   + ", ".join(f"{found[-1]:.2f}x {kind}" for kind, found in ratios[variant].items()), flush=True)
     print(f"\n{args.trials} trials x {args.iterations} iterations, {args.scheduler}, a fresh driver per sweep; "
