@@ -39,6 +39,7 @@ Usage::
     python benchmarks/many_trials.py --trials 2000 --fresh --repeats 3   # a driver process per sweep
     python benchmarks/many_trials.py --trials 2000 --fresh --repeats 3 --scheduler busy   # tunekit.schedulers
     python benchmarks/many_trials.py --trials 2000 --paired --repeats 3 --scheduler busy --variants class+callbacks
+    python benchmarks/many_trials.py --trials 2000 --side-by-side --repeats 3 --scheduler busy --variants plain-again
 """
 
 from __future__ import annotations
@@ -233,16 +234,37 @@ def _time_command(args: list[str], runs: int = 3) -> str:
     return f"{best:6.2f} s (exit {code})"
 
 
-def _machine_cpu() -> tuple[float, float]:
-    """The whole machine's CPU seconds so far from ``/proc/stat``: busy (user, nice, system, irq, softirq: every
-    process's, Ray's and the workers' included) and stolen (the hypervisor ran someone else on our CPUs)."""
+def _machine_cpu(cpu: int | None = None) -> tuple[float, float]:
+    """The whole machine's CPU seconds so far from ``/proc/stat`` (or CPU ``cpu``'s alone): busy (user, nice,
+    system, irq, softirq: every process's, Ray's and the workers' included) and stolen (the hypervisor ran
+    someone else on our CPUs)."""
     try:
         with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except OSError:
+            wanted = "cpu" if cpu is None else f"cpu{cpu}"
+            line = next(line for line in f if line.split()[0] == wanted)
+        fields = [int(v) for v in line.split()[1:]]
+    except (OSError, StopIteration):
         return 0.0, 0.0
     tick = os.sysconf("SC_CLK_TCK")
     return (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / tick, fields[7] / tick
+
+
+def _child_command(args: argparse.Namespace, variant: str, trials: int, keep: str | None = None,
+                   cpu: int | None = None) -> list[str]:
+    return [sys.executable, __file__, "--trials", str(trials), "--iterations", str(args.iterations),
+            "--variants", variant, "--scheduler", args.scheduler, "--print-peak-rss", "--callbacks", args.callbacks,
+            *(["--keep", keep] if keep else []), *(["--cpu", str(cpu)] if cpu is not None else [])]
+
+
+def _child_said(variant: str, trials: int, code: int, stdout: str,
+                stderr: str) -> tuple[float, float, str, float, float, float]:
+    said = dict(line.split(" ", 1) for line in stdout.splitlines()
+                if line.startswith(("peak-rss-kib ", "wall-s ", "workers ", "cpu-s ", "machine-s ")))
+    if code or len(said) != 5:
+        raise SystemExit(f"{variant} at {trials} trials failed: {stderr.strip().splitlines()[-3:]}")
+    busy, stolen = (float(v) for v in said["machine-s"].split())
+    return (float(said["wall-s"]), int(said["peak-rss-kib"]) / 1024, said["workers"], float(said["cpu-s"]),
+            busy, stolen)
 
 
 def _child(args: argparse.Namespace, variant: str, trials: int,
@@ -250,17 +272,9 @@ def _child(args: argparse.Namespace, variant: str, trials: int,
     """One sweep in a fresh driver process: its wall time (s), the driver's peak RSS (MiB), the workers that
     trained, the driver process's CPU time (s; its every thread, Ray's start and the imports included), and
     the whole machine's busy and stolen CPU seconds during the sweep (``_machine_cpu``)."""
-    done = subprocess.run([sys.executable, __file__, "--trials", str(trials), "--iterations", str(args.iterations),
-                           "--variants", variant, "--scheduler", args.scheduler, "--print-peak-rss",
-                           "--callbacks", args.callbacks,
-                           *(["--keep", keep] if keep else [])], capture_output=True, text=True, check=False)
-    said = dict(line.split(" ", 1) for line in done.stdout.splitlines()
-                if line.startswith(("peak-rss-kib ", "wall-s ", "workers ", "cpu-s ", "machine-s ")))
-    if done.returncode or len(said) != 5:
-        raise SystemExit(f"{variant} at {trials} trials failed: {done.stderr.strip().splitlines()[-3:]}")
-    busy, stolen = (float(v) for v in said["machine-s"].split())
-    return (float(said["wall-s"]), int(said["peak-rss-kib"]) / 1024, said["workers"], float(said["cpu-s"]),
-            busy, stolen)
+    done = subprocess.run(_child_command(args, variant, trials, keep), capture_output=True, text=True,
+                          check=False)
+    return _child_said(variant, trials, done.returncode, done.stdout, done.stderr)
 
 
 def _fresh(args: argparse.Namespace, variants: list[str]) -> int:
@@ -319,6 +333,43 @@ def _paired(args: argparse.Namespace, variants: list[str]) -> int:
     return 0
 
 
+def _side_by_side(args: argparse.Namespace, variants: list[str]) -> int:
+    """Each run of a variant at the same time as a plain run of its own, each sweep's driver (and its own local
+    Ray: raylet, workers) pinned to one CPU of two, the CPUs swapped every round. Both sweeps live through the
+    same minutes of the machine, so a drift of its speed slows both; what one CPU was busy and stolen is read
+    from its own line of ``/proc/stat``."""
+    if len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("--side-by-side: needs two CPUs (a sweep pinned to each)")
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    others = [v for v in variants if v != "plain"]
+    kinds = ("wall", "its CPU busy")
+    ratios: dict[str, dict[str, list[float]]] = {v: {k: [] for k in kinds} for v in others}
+    for repeat in range(args.repeats):
+        for variant in others:
+            where = dict(zip(("plain", variant), cpus if repeat % 2 == 0 else cpus[::-1]))
+            running = {name: subprocess.Popen(_child_command(args, name, args.trials, None, cpu), text=True,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                       for name, cpu in where.items()}
+            measured: dict[str, tuple[float, float]] = {}
+            for name, proc in running.items():
+                out, err = proc.communicate()
+                wall, _, workers, cpu_s, busy, stolen = _child_said(name, args.trials, proc.returncode, out, err)
+                measured[name] = (wall, busy)
+                print(f"  {name:18s} round {repeat + 1}, CPU {where[name]}: {wall:7.1f} s  (driver CPU {cpu_s:5.1f} "
+                      f"s; the CPU busy {busy:6.1f} s, stolen {stolen:5.1f}), {workers}", flush=True)
+            for kind, a, b in zip(kinds, measured[variant], measured["plain"]):
+                ratios[variant][kind].append(a / b if b else float("nan"))
+            print(f"  -> {variant} / plain at the same time: "
+                  + ", ".join(f"{found[-1]:.2f}x {kind}" for kind, found in ratios[variant].items()), flush=True)
+    print(f"\n{args.trials} trials x {args.iterations} iterations, {args.scheduler}, a fresh driver per sweep on "
+          "one CPU; each run against the plain run at the same time on the other CPU")
+    for variant, by_kind in ratios.items():
+        print(f"  {variant}")
+        for kind, found in by_kind.items():
+            print(f"    {kind:12s} {', '.join(f'{r:.2f}x' for r in found)} (worst {max(found):.2f}x)")
+    return 0
+
+
 def _driver_memory(args: argparse.Namespace, variants: list[str]) -> int:
     """Each variant's driver peak RSS at two trial counts, each sweep in a fresh driver process."""
     counts = [int(n) for n in args.driver_memory.split(",")]
@@ -358,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paired", action="store_true",
                         help="each run of a variant beside a plain run of its own (fresh drivers; plain first "
                              "in odd rounds, second in even ones), each ratio against that run")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="each run of a variant at the same time as a plain run of its own, each sweep "
+                             "pinned to a CPU of its own (swapped every round), each ratio against that run")
+    parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)  # (--side-by-side's sweeps)
     parser.add_argument("--callbacks", default=",".join(CALLBACKS),
                         help=f"the +callbacks variants' callbacks, some of {CALLBACKS} (default: all)")
     parser.add_argument("--print-peak-rss", action="store_true", help=argparse.SUPPRESS)
@@ -373,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         return _driver_memory(args, variants)
     if args.paired:
         return _paired(args, variants)
+    if args.side_by_side:
+        return _side_by_side(args, variants)
     if args.fresh:
         return _fresh(args, variants)
 
@@ -391,12 +448,14 @@ def main(argv: list[str] | None = None) -> int:
     from tunekit._ray import quiet_tune_banner
 
     quiet_tune_banner()
-    cpus = os.cpu_count() or 1
+    if args.cpu is not None:  # (Ray's processes, started below, inherit it)
+        os.sched_setaffinity(0, {args.cpu})
+    cpus = len(os.sched_getaffinity(0))
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     walls: dict[str, float] = {}
     every: dict[str, list[float]] = {v: [] for v in variants}
     logs: dict[str, dict[str, list[float]]] = {}
-    machine_before = _machine_cpu()
+    machine_before = _machine_cpu(args.cpu)
     try:
         for repeat in range(args.repeats):
             for variant in variants:
@@ -409,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
                 if wall < walls.get(variant, float("inf")):
                     walls[variant], logs[variant] = wall, phases
     finally:
-        machine_after = _machine_cpu()
+        machine_after = _machine_cpu(args.cpu)
         ray.shutdown()
     if args.print_peak_rss:
         import resource
