@@ -25,6 +25,14 @@ one run (interleaved when ``--repeats`` > 1, best of each reported):
   (``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=1`` and ``JsonLoggerCallback()``: no CSV file, no tensorboardX
   event file flushed after every result): what Ray's own loggers cost the driver (docs/schedulers.md).
 
+Modes that run each sweep in a driver process of its own: ``--fresh`` (the
+variants in turn, rotated each round), ``--paired`` (each variant's run next to
+a plain run of its own) and ``--side-by-side`` (each variant's run at the same
+time as a plain run, each sweep, its driver and its own local Ray pinned to one
+of two CPUs, swapped every round): the machine's speed drifts over minutes, and
+two sweeps at the same time see the same drift. Its ratio of two plain sweeps
+(``plain-again``) is the noise floor it shows each time.
+
 Per-trial attribution from the trials' own timings: every worker logs how
 long each ``setup``, ``reset``, ``train``, ``save`` and ``stop`` took; the
 table gives each phase's milliseconds per trial, and what remains of the
@@ -181,6 +189,9 @@ def _trainable(variant: str) -> type:
 def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: int,
            phases_dir: str, scheduler: str = "fifo",
            callback_names: tuple[str, ...] = CALLBACKS) -> tuple[float, dict[str, list[float]]]:
+    """One sweep of ``variant``: its wall time and the phases its workers logged. Ray's
+    ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS`` is cleared for every variant but ``plain-json-only`` (which sets it)
+    and put back as it was afterwards."""
     from ray.tune.schedulers import ASHAScheduler
 
     from tunekit.callbacks import KeepCheckpoints, ParquetLogger, ProgressPrinter
@@ -347,7 +358,9 @@ def _side_by_side(args: argparse.Namespace, variants: list[str]) -> int:
     for repeat in range(args.repeats):
         for variant in others:
             where = dict(zip(("plain", variant), cpus if repeat % 2 == 0 else cpus[::-1]))
-            running = {name: subprocess.Popen(_child_command(args, name, args.trials, None, cpu), text=True,
+            keep = os.path.join(args.keep, f"r{repeat}-{variant}") if args.keep else None  # (a pair's own)
+            running = {name: subprocess.Popen(_child_command(args, name, args.trials,  # (a side's own: phases)
+                                                             keep and os.path.join(keep, name), cpu), text=True,
                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                        for name, cpu in where.items()}
             measured: dict[str, tuple[float, float]] = {}

@@ -27,7 +27,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import psutil  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
@@ -40,6 +39,8 @@ def _anon() -> int:
         for line in fh:
             if line.startswith("RssAnon:"):
                 return int(line.split()[1]) * 1024
+    import psutil  # (only where /proc has no RssAnon: not a dependency of tunekit's; accelerate brings it)
+
     return psutil.Process().memory_info().rss
 
 
