@@ -363,10 +363,10 @@ def _side_by_side(args: argparse.Namespace, variants: list[str]) -> int:
                                                              keep and os.path.join(keep, name), cpu), text=True,
                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                        for name, cpu in where.items()}
+            finished = {name: (*proc.communicate(), proc.returncode) for name, proc in running.items()}
             measured: dict[str, tuple[float, float]] = {}
-            for name, proc in running.items():
-                out, err = proc.communicate()
-                wall, _, workers, cpu_s, busy, stolen = _child_said(name, args.trials, proc.returncode, out, err)
+            for name, (out, err, code) in finished.items():  # (both ended: a failure leaves no sweep running)
+                wall, _, workers, cpu_s, busy, stolen = _child_said(name, args.trials, code, out, err)
                 measured[name] = (wall, busy)
                 print(f"  {name:18s} round {repeat + 1}, CPU {where[name]}: {wall:7.1f} s  (driver CPU {cpu_s:5.1f} "
                       f"s; the CPU busy {busy:6.1f} s, stolen {stolen:5.1f}), {workers}", flush=True)
