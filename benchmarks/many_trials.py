@@ -331,12 +331,20 @@ def _paired(args: argparse.Namespace, variants: list[str]) -> int:
                 measured[name] = (wall, busy)
                 print(f"  {name:18s} round {repeat + 1}: {wall:7.1f} s  (driver CPU {cpu:5.1f} s; machine busy "
                       f"{busy:6.1f} CPU-s, stolen {stolen:5.1f}), {workers}", flush=True)
-            for kind, a, b in zip(kinds, measured[variant], measured["plain"]):
-                ratios[variant][kind].append(a / b if b else float("nan"))  # (no /proc/stat: no CPU ratio)
-            print(f"  -> {variant} / plain beside it: "
-                  + ", ".join(f"{found[-1]:.2f}x {kind}" for kind, found in ratios[variant].items()), flush=True)
-    print(f"\n{args.trials} trials x {args.iterations} iterations, {args.scheduler}, a fresh driver per sweep; "
-          "each run against the plain run beside it")
+            _add_ratios(ratios[variant], measured[variant], measured["plain"], f"{variant} / plain beside it")
+    return _print_ratios(args, ratios, "a fresh driver per sweep; each run against the plain run beside it")
+
+
+def _add_ratios(ratios: dict[str, list[float]], variant: tuple[float, ...], plain: tuple[float, ...],
+                said: str) -> None:
+    """A pair's ratios (variant / plain, each kind), kept and printed."""
+    for kind, a, b in zip(ratios, variant, plain):
+        ratios[kind].append(a / b if b else float("nan"))  # (no /proc/stat: no CPU ratio)
+    print(f"  -> {said}: " + ", ".join(f"{found[-1]:.2f}x {kind}" for kind, found in ratios.items()), flush=True)
+
+
+def _print_ratios(args: argparse.Namespace, ratios: dict[str, dict[str, list[float]]], how: str) -> int:
+    print(f"\n{args.trials} trials x {args.iterations} iterations, {args.scheduler}, {how}")
     for variant, by_kind in ratios.items():
         print(f"  {variant}")
         for kind, found in by_kind.items():
@@ -370,17 +378,9 @@ def _side_by_side(args: argparse.Namespace, variants: list[str]) -> int:
                 measured[name] = (wall, busy)
                 print(f"  {name:18s} round {repeat + 1}, CPU {where[name]}: {wall:7.1f} s  (driver CPU {cpu_s:5.1f} "
                       f"s; the CPU busy {busy:6.1f} s, stolen {stolen:5.1f}), {workers}", flush=True)
-            for kind, a, b in zip(kinds, measured[variant], measured["plain"]):
-                ratios[variant][kind].append(a / b if b else float("nan"))
-            print(f"  -> {variant} / plain at the same time: "
-                  + ", ".join(f"{found[-1]:.2f}x {kind}" for kind, found in ratios[variant].items()), flush=True)
-    print(f"\n{args.trials} trials x {args.iterations} iterations, {args.scheduler}, a fresh driver per sweep on "
-          "one CPU; each run against the plain run at the same time on the other CPU")
-    for variant, by_kind in ratios.items():
-        print(f"  {variant}")
-        for kind, found in by_kind.items():
-            print(f"    {kind:12s} {', '.join(f'{r:.2f}x' for r in found)} (worst {max(found):.2f}x)")
-    return 0
+            _add_ratios(ratios[variant], measured[variant], measured["plain"], f"{variant} / plain at the same time")
+    return _print_ratios(args, ratios, "a fresh driver per sweep on one CPU; each run against the plain run at the "
+                                       "same time on the other CPU")
 
 
 def _driver_memory(args: argparse.Namespace, variants: list[str]) -> int:
