@@ -13,17 +13,16 @@ what a resume needs besides the checkpoints:
   criteria and the checkpoint Ray registered as its newest (what it would
   restore; ``tunekit verify`` checks it is on storage).
 
-It is written by the driver, at most once a second while something changed
-and once at the end, atomically: locally to a temporary name, fsync, then a
-rename over the old one; on object stores (S3) one PUT, which is atomic. A
-reader never sees half a record. While the run goes on the write is done on
-a helper thread (an fsync waits for whatever else the disk has to write: the
-driver does not), one at a time, a newer record waiting for the one in
-flight; the last one is written before the run ends. Every tunekit callback
-(:class:`~tunekit.callbacks.ParquetLogger`, :class:`~tunekit.callbacks.ProgressPrinter`,
-the checkpoint policies) and :func:`tunekit.pbt_setup`'s scheduler keep it, so
-an experiment that uses any of them has it; :class:`tunekit.callbacks.ExperimentRecord`
-adds it to any other ``Tuner``. One record per run, whichever of them comes first.
+It is written by the driver, at most once a second while something changed (less often where building its text
+takes more than 0.5% of that: up to every 10 s in a sweep of many thousands of trials) and once at the end,
+atomically: locally to a temporary name, fsync, then a rename over the old one; on object stores (S3) one PUT,
+which is atomic. A reader never sees half a record. While the run goes on the write is done on a helper thread
+(an fsync waits for whatever else the disk has to write: the driver does not), one at a time, a newer record
+waiting for the one in flight; the last one is written before the run ends. Every tunekit callback
+(:class:`~tunekit.callbacks.ParquetLogger`, :class:`~tunekit.callbacks.ProgressPrinter`, the checkpoint
+policies) and :func:`tunekit.pbt_setup`'s scheduler keep it, so an experiment that uses any of them has it;
+:class:`tunekit.callbacks.ExperimentRecord` adds it to any other ``Tuner``. One record per run, whichever of
+them comes first.
 
 Nothing here is ever unpickled: the record is JSON, read with :func:`read_record`.
 
@@ -51,8 +50,12 @@ __all__ = ["ExperimentRecorder", "RECORD_NAME", "driver_running", "finish", "int
 RECORD_NAME = "tunekit-experiment.json"
 FORMAT = "tunekit-experiment"
 VERSION = 1
-#: Seconds between two writes of the record while a run goes on (the last one is written at the end).
+#: Seconds between two writes of the record while a run goes on (the last one is written at the end); longer
+#: where building its text takes the driver more than ``_SHARE`` of that (a sweep of thousands of trials: the
+#: text is O(trials)), up to ``MAX_INTERVAL_S``.
 INTERVAL_S = 1.0
+MAX_INTERVAL_S = 10.0
+_SHARE = 0.005
 #: The record is rewritten at least this often while its driver runs, changed or not: its heartbeat.
 HEARTBEAT_S = 60.0
 #: Statuses Tune does not change again in a run (a trial it retries goes back to PENDING, never to ERROR first).
@@ -145,8 +148,8 @@ def _registered_checkpoint(checkpoint: Any, experiment: str) -> str | None:
     experiment directory (a PBT donor's pin lies in the donor's directory); None before its first."""
     if checkpoint is None:
         return None
-    path = checkpoint.path.rstrip("/")
-    return posixpath.relpath(path, experiment) if path.startswith(experiment + "/") else None
+    path = checkpoint.path.rstrip("/")  # (not posixpath.relpath: it reads the working directory, twice)
+    return posixpath.normpath(path[len(experiment) + 1:].lstrip("/")) if path.startswith(experiment + "/") else None
 
 
 class ExperimentRecorder:
@@ -173,9 +176,10 @@ class ExperimentRecorder:
         #: The run's constants (trainable, checkpoint config: read once) and each trial's entry with what it
         #: was built from (rebuilt when that changed: the record is rewritten every second of a long sweep).
         self._constants: tuple[str | None, dict[str, Any] | None] | None = None
-        #: trial id -> (config, (status, iteration, checkpoint path), JSON text, ended, checkpoint object)
+        #: trial id -> (config, (status, iteration, checkpoint path), JSON text, ended, Ray's latest checkpoint result)
         self._entries: dict[str, tuple[Any, tuple[Any, ...], str, bool, Any]] = {}
         self._writing: Future | None = None  # the write in flight, on the helper thread
+        self._text_s = 0.0  # what building the text took last time (the write is the helper thread's)
         #: id(callback) -> the info it last described itself with (each step's call after the first: a lookup)
         self.seen: dict[int, Any] = {}
         #: The experiment directory, and each trial's directory name: read once (Ray builds ``trial.path``
@@ -232,10 +236,11 @@ class ExperimentRecorder:
 
     def _trial(self, trial: Any, interrupted: set[str], recheck: bool) -> str:
         status = trial.status
-        checkpoint = trial.checkpoint
+        latest = trial.latest_checkpoint_result  # (``trial.checkpoint`` looks it up twice)
         known = self._entries.get(trial.trial_id)
-        if known is not None and known[3] and not recheck and known[1][0] == status and known[4] is checkpoint:
+        if known is not None and known[3] and not recheck and known[1][0] == status and known[4] is latest:
             return known[2]  # (ended: its config and iteration are final; KeepCheckpoints may still forget)
+        checkpoint = latest.checkpoint if latest else None
         iteration = (trial.last_result or {}).get("training_iteration")
         # Tune marks the trials it stops because the run stops TERMINATED; they did not finish.
         if trial.trial_id in interrupted:
@@ -253,15 +258,17 @@ class ExperimentRecorder:
             "stop": json_safe(getattr(trial, "stopping_criterion", None)),
             "checkpoint": _registered_checkpoint(checkpoint, self._experiment or ""),
         }, sort_keys=True)
-        self._entries[trial.trial_id] = (trial.config, made_of, text, status in _ENDED, checkpoint)
+        self._entries[trial.trial_id] = (trial.config, made_of, text, status in _ENDED, latest)
         return text
 
     def flush(self, *, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and (now - self._last_write < INTERVAL_S or (self._writing and not self._writing.done())):
+        interval = min(MAX_INTERVAL_S, max(INTERVAL_S, self._text_s / _SHARE))
+        if not force and (now - self._last_write < interval or (self._writing and not self._writing.done())):
             return  # (a write in flight: the next flush writes what changed meanwhile)
         self._last_write = now
         text = self.text(recheck=force)  # (one line: json's C encoder; indented, 5x the time)
+        self._text_s = time.monotonic() - now
         if text is None:
             return
         if text == self._last_text and now - self._last_written < HEARTBEAT_S and not force:

@@ -243,3 +243,53 @@ def test_the_record_follows_each_trial_and_encodes_only_what_changed(tmp_path):
     assert entry(1)["status"] == "RUNNING" and entry(2)["status"] == "PENDING"
     recorder.interrupted = [trials[1].trial_id]  # (the run's end: every entry checked again)
     assert json.loads(recorder.text(recheck=True))["trials"][1]["status"] == "INTERRUPTED"
+
+
+def test_the_record_is_written_less_often_where_its_text_costs_more(tmp_path, monkeypatch):
+    """A sweep of thousands of trials: the record's text is O(trials); it is rebuilt at most once a second and
+    less often where building it took more than 0.5% of that (up to every 10 s); the run's end writes it anyway."""
+    import types
+
+    import pyarrow.fs as pafs
+    from ray.tune.experiment import Trial
+
+    from tunekit import _ray, record
+
+    clock = [1000.0]
+    monkeypatch.setattr(record, "time", types.SimpleNamespace(monotonic=lambda: clock[0], time=record.time.time))
+    storage = _ray.storage_context(str(tmp_path), "exp", "trial")
+    trials = [Trial("__fake", config={"i": i}, stub=True, storage=storage) for i in range(3)]
+    recorder = record.ExperimentRecorder(trials)
+    cost = [0.02]  # what building the text takes, on the record's clock
+    built = recorder.text
+
+    def text(**kwargs):
+        clock[0] += cost[0]
+        return built(**kwargs)
+
+    recorder.text = text
+
+    def written(after: float, status: str) -> bool:
+        """Whether a flush ``after`` seconds on writes a record in which trial 1 is ``status``."""
+        clock[0] += after
+        recorder.flush()
+        if recorder._writing is not None:
+            recorder._writing.result()
+        found, _ = read_record(pafs.LocalFileSystem(), os.path.dirname(trials[0].path))
+        return found is not None and found["trials"][1]["status"] == status
+
+    assert written(0, "PENDING")
+    trials[1].set_status(Trial.RUNNING)
+    assert not written(2.0, "RUNNING")  # 0.02 s to build: not again for 4 s
+    assert written(2.1, "RUNNING")
+    cost[0] = 1.0  # (200 s by the share: capped at 10 s)
+    trials[1].set_status(Trial.PAUSED)
+    assert written(record.MAX_INTERVAL_S + 0.1, "PAUSED")
+    cost[0] = 0.0
+    trials[1].set_status(Trial.RUNNING)
+    assert not written(8.5, "RUNNING")  # (the last build took 1 s: 10 s since it began)
+    assert written(1.1, "RUNNING")  # cheap again: once a second
+    trials[1].set_status(Trial.TERMINATED)
+    assert not written(0.5, "TERMINATED")
+    recorder.flush(force=True)  # the run's end
+    assert written(0, "TERMINATED")
