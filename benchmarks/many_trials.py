@@ -414,15 +414,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="fifo: Ray's default; asha: ASHA early stopping (grace 1, reduction 2) over the "
                              "trials; busy, asha-busy: the same as tunekit.schedulers' FIFOKeepWorkersBusy and "
                              "ASHAKeepWorkersBusy (every variant, plain too)")
-    parser.add_argument("--driver-memory", metavar="N,M",
+    mode = parser.add_mutually_exclusive_group()  # (one way of running the sweeps at a time)
+    mode.add_argument("--driver-memory", metavar="N,M",
                         help="instead: each variant's driver peak RSS at N and at M trials (a fresh driver "
                              "process per sweep), and tunekit's growth against plain's per 1,000 trials")
-    parser.add_argument("--fresh", action="store_true",
+    mode.add_argument("--fresh", action="store_true",
                         help="each sweep in a driver process of its own, the variants' order rotated each round")
-    parser.add_argument("--paired", action="store_true",
+    mode.add_argument("--paired", action="store_true",
                         help="each run of a variant beside a plain run of its own (fresh drivers; plain first "
                              "in odd rounds, second in even ones), each ratio against that run")
-    parser.add_argument("--side-by-side", action="store_true",
+    mode.add_argument("--side-by-side", action="store_true",
                         help="each run of a variant at the same time as a plain run of its own, each sweep "
                              "pinned to a CPU of its own (swapped every round), each ratio against that run")
     parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)  # (--side-by-side's sweeps)
@@ -462,7 +463,10 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_tune_banner()
     if args.cpu is not None:  # (Ray's processes, started below, inherit it)
-        os.sched_setaffinity(0, {args.cpu})
+        try:
+            os.sched_setaffinity(0, {args.cpu})
+        except OSError as exc:
+            parser.error(f"--cpu {args.cpu}: not a CPU this process may use ({exc.strerror})")
     cpus = len(os.sched_getaffinity(0))
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     walls: dict[str, float] = {}

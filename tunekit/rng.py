@@ -25,13 +25,23 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
+#: The Python RNG state captured last, and its tensor: a loop that never draws from ``random`` saves the same
+#: state again and again (building the tensor from 625 ints is most of a small checkpoint's capture). Shared by
+#: the payloads that hold it, and never written to (:func:`restore_rng` reads it).
+_last_python: tuple[tuple[int, ...], torch.Tensor] | None = None
+
+
 def capture_rng() -> dict[str, Any]:
     """Return the state of Python, NumPy, torch CPU and torch CUDA RNGs."""
+    global _last_python
     version, internal, gauss = random.getstate()
+    last = _last_python
+    if last is None or last[0] != internal:
+        last = _last_python = (internal, torch.tensor(internal, dtype=torch.int64))
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         # (one tensor, not 625 ints: each int is an object for every copy and for the pickler, ~1 ms a save)
-        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "python": {"version": version, "state": last[1], "gauss": gauss},
         "numpy": {
             "kind": str(kind),
             "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),

@@ -32,6 +32,25 @@ def test_rng_capture_restore_replays_every_stream():
     assert [_draws() for _ in range(3)] == first
 
 
+def test_each_capture_holds_the_python_state_of_its_moment():
+    # The Python stream's tensor is built again only when the state changed (saves of a loop that never draws
+    # from ``random`` share one): a draw between two captures must still give each its own state.
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    before = capture_rng()
+    again = capture_rng()
+    assert torch.equal(before["python"]["state"], again["python"]["state"])
+    first = _draws()
+    after = capture_rng()
+    assert not torch.equal(before["python"]["state"], after["python"]["state"])
+    second = _draws()
+    restore_rng(before)
+    assert _draws() == first
+    restore_rng(after)
+    assert _draws() == second
+    random.seed(5)  # back to the state ``before`` holds: captured again, equal to it
+    assert torch.equal(capture_rng()["python"]["state"], before["python"]["state"])
+
+
 def test_rng_state_from_before_the_python_stream_was_one_tensor_restores():
     # Checkpoints written before 2026-11-28 hold Python's Mersenne Twister state as a list of 625 ints.
     random.seed(3), np.random.seed(3), torch.manual_seed(3)
