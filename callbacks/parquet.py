@@ -6,6 +6,7 @@ Tested in ``tests/tunekit/test_analysis.py``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import posixpath
 import time
@@ -19,12 +20,15 @@ from ray.tune.experiment import Trial
 from typing_extensions import override
 
 from tunekit._checks import integer_at_least, positive_number
+from tunekit.errors import first_line
 from tunekit._result_frames import by_trial, is_journal, journal_table
 from tunekit._ray import trial_filesystem
 from tunekit.table import JOURNAL, RESULTS_DIR, flatten_result, rows_to_table
 from tunekit.callbacks.record import TunekitCallback
 
 __all__ = ["ParquetLogger"]
+
+logger = logging.getLogger(__name__)
 
 
 class ParquetLogger(TunekitCallback):
@@ -80,6 +84,7 @@ class ParquetLogger(TunekitCallback):
         self._last_flush = 0.0
         self._journal: Any = None  # the open journal (local storage), or None
         self._journaled = 0  # how many of ``_rows`` it holds
+        self._stopped: str | None = None  # why it stopped writing (a storage error), else None
 
     def _recorded_kwargs(self) -> dict[str, Any]:
         return {"batch_rows": self.batch_rows, "flush_seconds": self.flush_seconds}
@@ -100,33 +105,49 @@ class ParquetLogger(TunekitCallback):
     @override
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info: Any) -> None:
         super().on_trial_result(iteration, trials, trial, result, **info)
+        if self._stopped:
+            return
         if self._target is None:
             self._target = (trial_filesystem(trial), posixpath.dirname(trial.path.rstrip("/")))
-            self._adopt_journals()
+            self._storing(self._adopt_journals)
         self._rows.append({"trial_id": trial.trial_id, **flatten_result(result)})
         if len(self._rows) >= self.batch_rows or self._clock() - self._last_flush >= self.flush_seconds:
-            self.flush()
+            self._storing(self.flush)
 
     @override
     def on_checkpoint(self, iteration: int, trials: list[Trial], trial: Trial, checkpoint: Any, **info: Any) -> None:
-        self.secure()
+        self._storing(self.secure)
 
     @override
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         super().on_trial_complete(iteration, trials, trial, **info)
-        self.secure()
+        self._storing(self.secure)
 
     @override
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         super().on_trial_error(iteration, trials, trial, **info)
-        self.secure()
+        self._storing(self.secure)
 
     @override
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
-        self.flush()
-        self.compact()
-        self._close_journal()
+        self._storing(self.flush)
+        self._storing(self.compact)
+        self._storing(self._close_journal)
         super().on_experiment_end(trials, **info)
+
+    def _storing(self, write: Callable[[], None]) -> None:
+        """Run one of the hooks' writes: a storage error (a full disk, a lost bucket) stops this logger for the
+        rest of the run, said once, instead of taking the driver down; the rows it wrote stay readable."""
+        if self._stopped:
+            return
+        try:
+            write()
+        except OSError as exc:
+            self._stopped = first_line(exc)
+            where = self._target[1] if self._target else "the experiment directory"
+            logger.warning("tunekit: ParquetLogger cannot write to %s (%s); it stops writing for the rest of this "
+                           "run, which goes on (Ray's result.json files hold the rows; tunekit.load_results "
+                           "reads both)", posixpath.join(where, RESULTS_DIR), self._stopped)
 
     def compact(self) -> None:
         """Merge this session's batch files into one file (rows grouped by trial, each trial's in the order
@@ -207,7 +228,12 @@ class ParquetLogger(TunekitCallback):
     def _write(fs: pafs.FileSystem, table: pa.Table, path: str) -> None:
         if isinstance(fs, pafs.LocalFileSystem):
             tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.tmp")
-            pq.write_table(table, tmp, filesystem=fs)
+            try:
+                pq.write_table(table, tmp, filesystem=fs)
+            except OSError:
+                if os.path.exists(tmp):  # (a full disk: the part written goes, the space comes back)
+                    os.remove(tmp)
+                raise
             fs.move(tmp, path)
         else:  # an object store makes an object visible only once it is whole
             pq.write_table(table, path, filesystem=fs)

@@ -10,6 +10,7 @@ Tested in ``tests/tunekit/test_resume.py``.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -19,15 +20,23 @@ from tunekit.errors import CheckpointError, ConfigError
 from tunekit.snapshot import ExperimentSnapshot
 from tunekit.storage import Storage
 
-__all__ = ["alias_moved_packages", "find_trainable", "import_trainable"]
+__all__ = ["alias_moved_packages", "find_trainable", "import_trainable", "project_on_path"]
+
+
+def project_on_path() -> None:
+    """Make the user's project (the working directory) importable, as ``python -m`` does: a command run
+    from it finds ``mymodule:MyTrainable`` there (and Ray's local workers get the directory too)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def import_trainable(spec: str) -> Any:
-    """Import ``module:attr`` (``attr`` may be dotted).
+    """Import ``module:attr`` (``attr`` may be dotted), from the working directory too.
 
     Raises:
         ConfigError: malformed, or the module or attribute does not exist.
     """
+    project_on_path()
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"trainable {spec!r}: expected module:attr, e.g. tunekit.trainables:DigitsTrainable")
@@ -134,12 +143,14 @@ def find_trainable(experiment: Storage, snapshot: ExperimentSnapshot, spec: str 
     if isinstance(in_record, str) and ":" in in_record:
         candidates.append((in_record, "recorded in tunekit-experiment.json"))
     names = {t.trainable_name for t in snapshot.trials if t.trainable_name}
+    failed = []
     for recorded, where in candidates:
         if recorded.startswith("ray."):  # tunekit < 0.4 recorded the class tune.with_resources made
             recorded = _unwrapped(recorded, raw)
         try:
             return _named_as(_as_trainable(import_trainable(recorded)), names), f"{recorded} ({where})"
-        except ConfigError:
+        except ConfigError as exc:
+            failed.append(f"{recorded} ({where}): {str(exc).removeprefix(f'trainable {recorded!r}: ')}")
             continue
     if raw and names:
         for module, name in pickle_globals(raw):
@@ -150,8 +161,10 @@ def find_trainable(experiment: Storage, snapshot: ExperimentSnapshot, spec: str 
                 except ConfigError:
                     continue
     shown = ", ".join(sorted(names)) or "unknown"
+    tried = (f"; tried {'; '.join(dict.fromkeys(failed))} (run from the directory that holds the module, or "
+             "set PYTHONPATH)") if failed else ""
     raise ConfigError(
-        f"cannot tell which trainable ran {experiment.uri} (trainable name: {shown}); "
+        f"cannot tell which trainable ran {experiment.uri} (trainable name: {shown}){tried}; "
         "pass --trainable module:attr"
     )
 

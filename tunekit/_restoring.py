@@ -44,6 +44,7 @@ from typing import Any
 import pyarrow.fs as pafs
 from ray import tune
 
+from tunekit import _ray
 from tunekit._ray import TrainingResult
 from tunekit._announced import is_announced_only, registered_unwritten
 from tunekit._pins import adopt_pin, adopted_pin, cloned_from, is_pinned, remove_pin, unpinned
@@ -345,9 +346,23 @@ def clone_in_worker(trainable: tune.Trainable, config: dict[str, Any], checkpoin
         if not trainable.reset(config, storage=storage):
             raise CheckpointError(f"{type(trainable).__name__}.reset_config() returned False")
         trainable.restore(checkpoint)
+        # A save Tune asks for at this same result is registered under the donor's result, the state it holds.
+        _ray.adopt_result(trainable, dict(getattr(checkpoint, "metrics", None) or {}))
     except Exception as exc:
         trainable._tunekit_clone_error = exc
         raise
+
+
+def align_iteration(trainable: tune.Trainable, state_iteration: int, checkpoint: str) -> None:
+    """After a restore: Ray's iteration counter is the loaded state's own (``tunekit.json``), whatever the
+    metrics the checkpoint was registered under say, so the trial goes on at the iteration after its state's
+    and its stop criteria count the iterations it really ran."""
+    registered = trainable.iteration
+    if registered == state_iteration:
+        return
+    logger.warning("tunekit: %s holds the state of iteration %d but was registered at iteration %s; the trial "
+                   "continues at iteration %d", checkpoint, state_iteration, registered, state_iteration + 1)
+    _ray.set_iteration(trainable, state_iteration)
 
 
 def raise_failed_clone(trainable: tune.Trainable) -> None:

@@ -167,10 +167,9 @@ def check_resume(trainable: Any, config: Mapping[str, Any] | None = None, *, ite
     Raises:
         ConfigError: bad input (not importable, not a trainable, N or K out of range), or a run failed.
     """
-    from tunekit._find_trainable import import_trainable
+    from tunekit._find_trainable import import_trainable, project_on_path
 
-    if os.getcwd() not in sys.path:  # `tunekit check mymodule:MyTrainable` in the user's project, as `python -m`
-        sys.path.insert(0, os.getcwd())
+    project_on_path()  # (before the runs' PYTHONPATH is built from sys.path)
     spec = _spec_of(trainable)
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 2:
         raise ConfigError(f"--iterations {iterations!r}: expected a whole number >= 2")

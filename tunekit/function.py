@@ -52,7 +52,7 @@ from typing_extensions import override
 
 from tunekit import _ray
 from tunekit._checkpointer import TrialCheckpointer, TrialContent
-from tunekit._restoring import raise_failed_clone
+from tunekit._restoring import align_iteration, raise_failed_clone
 from tunekit._pins import unpinned
 from tunekit.errors import CheckpointError, ConfigError, ConfigTypeError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
@@ -144,6 +144,7 @@ class FunctionSession:
         self.restored_from = unpinned(checkpoint.path)  # a PBT donor's: its checkpoint, not the pin read
         if adapter is not None:  # loaded: its temporary copies (a pinned donor's too) can go
             adapter.checkpointer.loaded()
+            align_iteration(adapter, self.state.counters.iteration, checkpoint.path)
 
     def _default_apply(self, changed: dict[str, Any]) -> None:
         unhandled = apply_hyperparameters(self.state, changed)

@@ -308,7 +308,10 @@ def observe(owner: Any, trials: list[Any], *, info: dict[str, Any] | None = None
     """Called by a tunekit callback (every step) or scheduler (every result): the first for a run writes the record."""
     entry = _RUNS.get(id(trials))
     if entry is None or entry[0].trials is not trials:
+        from tunekit._signals import sigterm_as_ctrl_c
+
         entry = _RUNS[id(trials)] = (ExperimentRecorder(trials), owner)
+        sigterm_as_ctrl_c()  # a run with tunekit's callbacks stops on SIGTERM as on Ctrl-C
     recorder, writer = entry
     if recorder.seen.get(id(owner), recorder) is info and not scheduler:  # (described already, with this info)
         if writer is owner:

@@ -37,6 +37,7 @@ from tunekit._trial_dir import damaged_name
 from tunekit.checkpoint import read_metadata, verify_checkpoint
 from tunekit.errors import ConfigError, ExperimentError
 from tunekit._connect import ray_for
+from tunekit._lease import experiment_lease
 from tunekit._find_trainable import alias_moved_packages, find_trainable, import_trainable
 from tunekit.record import read_record
 from tunekit._recovery import (
@@ -112,6 +113,14 @@ def resume_experiment(
     if resume_errored and restart_errored:
         raise ConfigError("resume: --resume-errored and --restart-errored exclude each other")
     experiment = resolve_storage(location)
+    with experiment_lease(experiment, "resume"):
+        return _resume(experiment, trainable=trainable, resume_errored=resume_errored,
+                       restart_errored=restart_errored, cpus=cpus, address=address, out=out)
+
+
+def _resume(experiment: Storage, *, trainable: str | None, resume_errored: bool, restart_errored: bool,
+            cpus: int | None, address: str | None, out: TextIO) -> ResumeSummary:
+    """:func:`resume_experiment` while it holds the experiment's lease."""
     before = read_experiment(experiment)
     record, record_problem = read_record(experiment.filesystem, experiment.path)
     state_whole = before.state_file is not None and before.state_file not in before.damaged_state_files

@@ -20,7 +20,7 @@ from tunekit.reuse import ReusableSlot, reusable_key
 from tunekit.rng import seed_everything
 from tunekit.state import TrainingState
 from tunekit._checkpointer import BACKGROUND_MIN_BYTES, TrialCheckpointer, TrialContent
-from tunekit._restoring import raise_failed_clone
+from tunekit._restoring import align_iteration, raise_failed_clone
 from tunekit._saving import trainable_spec
 
 __all__ = ["TorchTrainable"]
@@ -196,6 +196,8 @@ class TorchTrainable(tune.Trainable):
         try:
             self._checkpointer.restore(checkpoint_path, load=super().restore, afresh=self._start_afresh,
                                        direct=super().restore)
+            align_iteration(self, self.state.counters.iteration, str(getattr(checkpoint_path, "checkpoint",
+                                                                          checkpoint_path)))
         finally:
             self._checkpointer.loaded()
 

@@ -106,12 +106,15 @@ def test_quickstart_refuses_existing_experiment(ray_session, storage, capsys):
     assert (storage / "taken" / "precious.txt").read_text() == "x"
 
 
-def test_ctrl_c_during_quickstart_is_shown_as_interrupted_and_resume_finishes_it(storage, tmp_path, capsys):
-    """Ctrl-C in the middle of a real quickstart: the summary, tunekit's record and `status` say interrupted and
-    name `tunekit resume`; the resume runs every trial to the end."""
+@pytest.mark.parametrize("sent", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_during_quickstart_is_shown_as_interrupted_and_resume_finishes_it(storage, tmp_path, capsys, sent):
+    """Ctrl-C (or SIGTERM, what a scheduler sends) in the middle of a real quickstart: the summary, tunekit's
+    record and `status` say interrupted and name `tunekit resume`, with no traceback; the resume (after Ctrl-C)
+    runs every trial to its stop exactly: its last row, its iteration and its newest state's own iteration."""
     import signal
 
     from tunekit.analysis import load_results
+    from tunekit.snapshot import read_experiment
 
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_AUTH_MODE", "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "RAY_ADDRESS")}
@@ -126,10 +129,11 @@ def test_ctrl_c_during_quickstart_is_shown_as_interrupted_and_resume_finishes_it
         seen.append(line)
         if re.match(r"^\[ *[0-9.]+s\] ", line):
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, sent))
     out = "".join(seen) + proc.communicate(timeout=600)[0]
     experiment = storage / "qs"
     assert proc.returncode == 1, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
     rows = [line.split() for line in out.splitlines() if re.match(r"^\*? *[0-9a-f]{5}_\d{5}\s", line)]
     assert rows and all(row[-1] == "INTERRUPTED" for row in rows), out[-3000:]
     assert f"trial(s) did not finish; `tunekit resume {experiment}` continues them" in out
@@ -139,6 +143,8 @@ def test_ctrl_c_during_quickstart_is_shown_as_interrupted_and_resume_finishes_it
     capsys.readouterr()
     assert main(["status", str(experiment)]) == 0
     assert "interrupted: the run stopped before 2 trial(s) finished" in capsys.readouterr().out
+    if sent == "SIGTERM":
+        return
 
     resumed = subprocess.run([sys.executable, "-m", "tunekit.cli", "resume", str(experiment), "--cpus", "2"],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
@@ -147,4 +153,8 @@ def test_ctrl_c_during_quickstart_is_shown_as_interrupted_and_resume_finishes_it
     shown = capsys.readouterr().out
     assert "interrupted:" not in shown and "2 trials: 2 TERMINATED" in shown
     df = load_results(str(experiment))
-    assert all(n >= iterations for n in df.groupby("trial_id")["training_iteration"].max())  # (an exploit: +1)
+    assert all(n == iterations for n in df.groupby("trial_id")["training_iteration"].max()), df.tail()
+    for trial in read_experiment(str(experiment)).trials:  # never past the stop, by the state's own count
+        assert trial.iterations == iterations and max(c.iteration for c in trial.checkpoints) == iterations
+        assert read_metadata(str(experiment / trial.name / max(trial.checkpoints, key=lambda c: c.iteration).name)
+                             )["iteration"] == iterations

@@ -65,3 +65,39 @@ def test_a_save_onto_a_full_disk_fails_the_trial_in_one_line_and_keeps_the_previ
     whole = [n for n in names if n.startswith("checkpoint_") and n not in announced]
     assert announced in ([], [max(n for n in names if n.startswith("checkpoint_"))]), names
     assert whole and all(verify_checkpoint(str(trial_dir / n)).ok for n in whole), names
+
+
+def fills_the_disk(config):
+    """Reports 6 iterations; after the first it fills the experiment's disk to the last byte."""
+    for i in range(6):
+        if i == 1:
+            with open(config["filler"], "wb") as fh:
+                try:
+                    while True:
+                        fh.write(b"\0" * 65536)
+                        fh.flush()
+                except OSError:
+                    pass
+        tune.report({"loss": 1.0 / (1 + i)})
+
+
+def test_a_full_disk_under_parquet_logger_stops_the_logger_not_the_run(ray_session, small_disk, caplog):
+    from tunekit.callbacks import ParquetLogger
+    from tunekit.table import RESULTS_DIR
+
+    filler = small_disk / "filler"
+    grid = tune.Tuner(
+        fills_the_disk, param_space={"filler": str(filler)},
+        run_config=tune.RunConfig(name="full-results", storage_path=str(small_disk), stop={"training_iteration": 6},
+                                  callbacks=[ParquetLogger(batch_rows=1)], verbose=0),
+    ).fit()
+    assert not grid.errors and grid[0].metrics["training_iteration"] == 6  # the run went on to its stop
+    said = [r.getMessage() for r in caplog.records if "ParquetLogger cannot write" in r.getMessage()]
+    assert len(said) == 1 and str(small_disk / "full-results" / RESULTS_DIR) in said[0], said
+    results = small_disk / "full-results" / RESULTS_DIR
+    assert not [p.name for p in results.iterdir() if p.name.endswith(".tmp")]  # no torn batch left
+    filler.unlink()
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(str(results)).to_pylist()  # what it wrote before the disk filled is whole
+    assert [r["training_iteration"] for r in rows] == list(range(1, len(rows) + 1)) and rows

@@ -350,3 +350,54 @@ def test_a_clone_saved_before_it_reported_says_whose_state_it_holds_when_restore
         assert last.train()[RESTORED_FROM_KEY] == "clone"
     finally:
         last.stop()
+
+
+@pytest.mark.parametrize("kind", ["class", "function"])
+def test_a_save_right_after_an_in_place_clone_is_registered_at_the_state_it_holds(kind, tmp_path):
+    """At a perturbation tunekit's scheduler hands the clone to the trial's worker before Tune's frequency save
+    for the same result: that save holds the donor's state, so Ray must register it under the donor's
+    iteration, and a restore from a checkpoint registered at another iteration than its state's goes on at the
+    state's. Else a resumed clone counts from its old iteration on a state ahead of it and trains past its stop."""
+    from ray.train._internal.checkpoint_manager import _TrainingResult
+
+    from tunekit import _ray
+    from tunekit.trainables import DigitsTrainable, TrainDigits
+
+    cls = DigitsTrainable if kind == "class" else TrainDigits
+    config = {"hidden_size": 8, "steps_per_iteration": 2, "seed": 1}
+
+    def worker(trial):
+        return cls(config=dict(config), storage=_ray.offline_storage(str(tmp_path), trial))
+
+    donor = worker("donor")
+    try:
+        for _ in range(5):
+            donor.train()
+        donated = donor.save()
+    finally:
+        donor.stop()
+    assert donated.metrics["training_iteration"] == 5
+    clone = worker("clone")
+    try:
+        for _ in range(2):
+            clone.train()
+        clone.tunekit_clone(dict(config, seed=2), donated, _ray.offline_storage(str(tmp_path), "clone"))
+        saved = clone.save()  # Tune's frequency save at the result the exploit was decided on
+    finally:
+        clone.stop()
+    if kind == "function":  # the training function has not run since the reset: nothing to register
+        assert saved.checkpoint is None
+    else:
+        assert read_metadata(saved.checkpoint.path)["iteration"] == 5
+        assert saved.metrics["training_iteration"] == 5
+
+    # A checkpoint registered at iteration 2 whose state is at 5 (what a tunekit before this fix registered):
+    drifted = _TrainingResult(checkpoint=donated.checkpoint, metrics={**donated.metrics, "training_iteration": 2})
+    again = worker("again")
+    try:
+        again.restore(drifted)
+        assert again.train()["training_iteration"] == 6
+        again.save()
+    finally:
+        again.stop()
+    assert read_metadata(str(tmp_path / "check" / "again" / "checkpoint_000000"))["iteration"] == 6

@@ -119,6 +119,85 @@ def test_resume_needs_a_trainable_it_can_find(tmp_path, capsys):
     assert "not allowed with argument" in capsys.readouterr().err
 
 
+def _one_trial_experiment(exp: Path, status: str = "RUNNING", trainable: str | None = None) -> Path:
+    """An experiment directory of one trial ``f`` (Ray's state; a tunekit checkpoint recording ``trainable``)."""
+    import torch
+
+    from tunekit import write_checkpoint
+
+    trial = exp / "f_00000_0"
+    trial.mkdir(parents=True)
+    (exp / "experiment_state-2026-01-01_00-00-00.json").write_text(
+        '{"trial_data": [["{\\"trial_id\\": \\"00000\\", \\"trainable_name\\": \\"f\\", \\"relative_logdir\\": '
+        f'\\"f_00000_0\\", \\"status\\": \\"{status}\\"}}", "{{}}"]], "stats": {{}}}}'
+    )
+    (trial / "params.json").write_text("{}")
+    if trainable:
+        write_checkpoint(trial / "checkpoint_000000", {"w": torch.zeros(1)},
+                         metadata={"trainable": trainable, "iteration": 1})
+    return exp
+
+
+def test_resume_finds_the_users_trainable_in_the_project_directory(tmp_path, monkeypatch):
+    """`cd project && tunekit resume EXP`: the trainable its checkpoints record is imported from there, as
+    `tunekit check` imports it; one it cannot import is named with the import error."""
+    from tunekit._find_trainable import find_trainable
+    from tunekit.errors import ConfigError
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "mytrainables_for_resume.py").write_text(
+        "from tunekit.trainables import DigitsTrainable\n\nclass Mine(DigitsTrainable):\n    pass\n")
+    exp = _one_trial_experiment(tmp_path / "exp", trainable="mytrainables_for_resume:Mine")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(project))])
+    monkeypatch.chdir(project)
+    found, where = find_trainable(resolve_storage(str(exp)), read_experiment(str(exp)))
+    assert found.__name__ == "Mine" and where == "mytrainables_for_resume:Mine (recorded in its checkpoints)"
+
+    monkeypatch.chdir(tmp_path)
+    sys.modules.pop("mytrainables_for_resume", None)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(project)])
+    with pytest.raises(ConfigError) as raised:
+        find_trainable(resolve_storage(str(exp)), read_experiment(str(exp)))
+    said = str(raised.value)
+    assert "\n" not in said and "mytrainables_for_resume:Mine (recorded in its checkpoints): cannot import " \
+        "mytrainables_for_resume (No module named 'mytrainables_for_resume')" in said and "--trainable" in said
+
+
+_HOLDER = """
+import sys
+from tunekit._lease import experiment_lease
+from tunekit.storage import resolve_storage
+with experiment_lease(resolve_storage(sys.argv[1]), "resume"):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_two_resumes_at_once_the_second_refuses_naming_the_first(tmp_path, capsys):
+    """A resume holding the experiment's lease (a real process): a second is refused in one line naming it and
+    changes nothing; once the first is gone (killed: its lease left behind), a resume takes the lease over."""
+    exp = _one_trial_experiment(tmp_path / "exp", status="TERMINATED")
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(exp)], cwd=ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        listing = sorted((str(p.relative_to(exp)), p.read_bytes() if p.is_file() else b"") for p in exp.rglob("*"))
+        assert main(["resume", str(exp)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert f"is in use: tunekit resume (pid {holder.pid} on this machine) took it" in err, err
+        assert sorted((str(p.relative_to(exp)), p.read_bytes() if p.is_file() else b"")
+                      for p in exp.rglob("*")) == listing
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (exp / ".tunekit-lease.json").exists()  # killed: its lease stays, naming a dead process
+    assert main(["resume", str(exp)]) == 0
+    assert "nothing to resume" in capsys.readouterr().out
+    assert not (exp / ".tunekit-lease.json").exists()
+
+
 def test_trainables_recorded_under_the_old_top_level_names_are_found(tmp_path):
     """Experiments of tunekit before 0.2 recorded `trainables.class_api:DigitsTrainable`."""
     code = (

@@ -100,6 +100,7 @@ __all__ = [
     "RAY_WARNINGS",
     "TrainingResult",
     "adopt_function_runner",
+    "adopt_result",
     "calling_scheduler",
     "clear_last_reported",
     "clone_in_place",
@@ -293,6 +294,26 @@ def set_restored(trainable: tune.Trainable, metrics: dict[str, Any]) -> None:
 def set_iteration(trainable: tune.Trainable, iteration: int) -> None:
     """Set Ray's iteration counter (its next result reports ``iteration + 1``); Ray has no public setter."""
     trainable._iteration = iteration
+
+
+#: Keys of a result that name the worker and trial that reported it, not the state it was reported for.
+_OWN_RESULT_KEYS = ("trial_id", "pid", "hostname", "node_ip", "date", "timestamp")
+
+
+def adopt_result(trainable: tune.Trainable, metrics: dict[str, Any]) -> None:
+    """Make ``metrics`` (a PBT donor's, at the state just restored) the trainable's last result.
+
+    ``Trainable.save`` registers a checkpoint under the worker's last result
+    (``_last_result``), which a restore leaves as it was: a save right after an
+    in-place clone would hold the donor's state under the clone's old
+    iteration and score. The trial's own identity keys stay; the iteration is
+    Ray's counter, as the restore set it.
+    """
+    previous = trainable._last_result or {}
+    adopted = {**metrics, **{k: previous[k] for k in _OWN_RESULT_KEYS if k in previous}}
+    adopted["training_iteration"] = trainable._iteration
+    adopted["config"] = trainable.config
+    trainable._last_result = adopted
 
 
 def give_session_checkpoint(checkpoint: Any) -> None:

@@ -1,0 +1,137 @@
+"""The experiment's lease: one driver at a time continues an experiment (``tunekit resume``).
+
+``EXP/.tunekit-lease.json`` names its holder (host, pid, start time, command).
+On local storage it is created exclusively (``O_EXCL``); on remote storage it
+is written and read back (object stores have no exclusive create through
+pyarrow: two takers within the same moment can both win there). A lease whose
+holder is a dead process on this host is taken over; one held on another host
+is taken over once tunekit's record (``tunekit-experiment.json``) of that
+holder has had no heartbeat for five of its intervals, else refused, naming
+the holder and the lease's age. The run that keeps the record (its driver
+alive, its heartbeat fresh) holds the experiment too: a resume beside it is
+refused.
+
+Tested in ``tests/tunekit/test_resume.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import socket
+import time
+import uuid
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import pyarrow.fs as pafs
+
+from tunekit.errors import ExperimentError, first_line
+from tunekit.record import HEARTBEAT_S, driver_running, read_record
+from tunekit.storage import Storage
+
+__all__ = ["LEASE_NAME", "experiment_lease"]
+
+LEASE_NAME = ".tunekit-lease.json"
+
+
+@contextmanager
+def experiment_lease(experiment: Storage, command: str) -> Iterator[None]:
+    """Hold ``experiment``'s lease while the body runs; refuse (``ExperimentError``) if another holds it."""
+    record, _ = read_record(experiment.filesystem, experiment.path)
+    running = driver_running(record) if record else None
+    own = isinstance(record, dict) and isinstance(record.get("driver"), dict) and \
+        record["driver"].get("pid") == os.getpid() and record["driver"].get("host") == socket.gethostname()
+    if running and not own:
+        raise ExperimentError(f"{experiment.uri} is in use: {running}; `tunekit {command}` would train its "
+                              "trials twice (stop that run first)")
+    token = _take(experiment, command, record)
+    try:
+        yield
+    finally:
+        _release(experiment, token)
+
+
+def _path(experiment: Storage) -> str:
+    return posixpath.join(experiment.path, LEASE_NAME)
+
+
+def _take(experiment: Storage, command: str, record: dict[str, Any] | None) -> str:
+    token = uuid.uuid4().hex
+    text = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+                       "command": f"tunekit {command}", "token": token})
+    fs, path = experiment.filesystem, _path(experiment)
+    for _ in range(2):  # (a second try after a stale lease was removed)
+        try:
+            created = _create(experiment, path, text)
+        except OSError as exc:
+            raise ExperimentError(f"{experiment.uri}: cannot write its lease {LEASE_NAME} ({first_line(exc)}); "
+                                  "continuing an experiment needs storage it can write to") from None
+        if created:
+            if experiment.is_local or _read(fs, path).get("token") == token:
+                return token
+        held = _read(fs, path)
+        if held.get("token") and not _stale(held, record):
+            raise ExperimentError(f"{experiment.uri} is in use: {_holder(held)}; wait for it to end, or stop it")
+        try:  # stale (its holder is dead): taken over
+            fs.delete_file(path)
+        except (FileNotFoundError, OSError):
+            pass
+    raise ExperimentError(f"{experiment.uri}: could not take its lease ({path}); another resume may be starting")
+
+
+def _create(experiment: Storage, path: str, text: str) -> bool:
+    """Write the lease if none is there (exclusively on local disk)."""
+    if experiment.is_local:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        return True
+    fs = experiment.filesystem
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        return False
+    with fs.open_output_stream(path) as out:
+        out.write(text.encode())
+    return True
+
+
+def _read(fs: pafs.FileSystem, path: str) -> dict[str, Any]:
+    try:
+        with fs.open_input_stream(path) as stream:
+            held = json.loads(stream.read() or b"{}")
+    except (FileNotFoundError, OSError, ValueError):
+        return {}
+    return held if isinstance(held, dict) else {}
+
+
+def _stale(held: dict[str, Any], record: dict[str, Any] | None) -> bool:
+    """Whether the lease's holder is gone: a dead process on this host; elsewhere, no fresh heartbeat."""
+    from tunekit._trial_dir import writer_alive, writer_id
+
+    host, pid = held.get("host"), held.get("pid")
+    if host == socket.gethostname() and isinstance(pid, int):
+        return pid != os.getpid() and not writer_alive(writer_id().rsplit("-", 1)[0], pid)
+    beat = record.get("updated") if isinstance(record, dict) else None
+    last = max(v for v in (beat, held.get("started")) if isinstance(v, (int, float))) \
+        if isinstance(beat, (int, float)) or isinstance(held.get("started"), (int, float)) else 0.0
+    return time.time() - last > 5 * HEARTBEAT_S
+
+
+def _holder(held: dict[str, Any]) -> str:
+    started = held.get("started")
+    age = f"{time.time() - started:.0f} s ago" if isinstance(started, (int, float)) else "at an unknown time"
+    where = "this machine" if held.get("host") == socket.gethostname() else str(held.get("host"))
+    return f"{held.get('command') or 'a tunekit command'} (pid {held.get('pid')} on {where}) took it {age}"
+
+
+def _release(experiment: Storage, token: str) -> None:
+    fs, path = experiment.filesystem, _path(experiment)
+    if _read(fs, path).get("token") == token:
+        try:
+            fs.delete_file(path)
+        except (FileNotFoundError, OSError):
+            pass
