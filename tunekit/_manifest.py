@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CheckpointLocation", "CheckpointReport", "MANIFEST_FILE", "MANIFEST_FORMAT", "METADATA_FILE", "MISSING",
-    "NOT_WRITTEN", "STATE_FILE", "UnsupportedManifest", "WRITTEN_HASH", "confirm_upload", "digest_bytes", "hash_file",
-    "is_foreign_checkpoint", "is_tunekit_checkpoint", "json_safe", "locate", "manifest_bytes", "manifest_sizes",
+    "INTERRUPTED_WRITE", "NOT_WRITTEN", "STATE_FILE", "UnsupportedManifest", "WRITTEN_HASH", "confirm_upload",
+    "digest_bytes", "hash_file", "interrupted_write", "is_foreign_checkpoint", "is_tunekit_checkpoint", "json_safe", "locate", "manifest_bytes", "manifest_sizes",
     "manifest_version", "new_hash", "read_metadata", "size_problems", "unsupported_format", "verify_checkpoint",
     "verify_directory",
 ]
@@ -343,6 +343,18 @@ def is_foreign_checkpoint(location: CheckpointLocation) -> bool:
                           pafs.FileSelector(where.path, allow_not_found=True))
     names = {info.base_name for info in infos}
     return bool(infos) and not names.intersection(_TUNEKIT_FILES)
+
+
+#: What readers say of a checkpoint directory :func:`interrupted_write` describes.
+INTERRUPTED_WRITE = (f"a write that never completed (tunekit's files without the {MANIFEST_FILE} written last as its "
+                     "commit mark: its writer was killed); not damage, nothing registered is lost; the trial's next "
+                     "save there, or `tunekit gc --leftovers`, removes it")
+
+
+def interrupted_write(report: CheckpointReport, location: CheckpointLocation) -> bool:
+    """Whether ``report`` (of the checkpoint at ``location``) is a write that never reached its commit mark:
+    some of tunekit's files, no manifest (remote uploads put the manifest last; a retry rewrites the same name)."""
+    return report.problems == [f"no {MANIFEST_FILE}"] and is_tunekit_checkpoint(location)
 
 
 def is_tunekit_checkpoint(location: CheckpointLocation) -> bool:

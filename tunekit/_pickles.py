@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import pickletools
 import posixpath
+from typing import Any
 
 import pyarrow.fs as pafs
 
 from tunekit.storage import Storage
 
 __all__ = ["DRIVER_STATES", "TUNER_PKL", "driver_state_damage", "driver_state_problem", "pickle_globals",
-           "pickle_problem", "read_tuner_pickle", "tuner_pickle_problem"]
+           "pickle_problem", "read_tuner_pickle", "registered_names", "tuner_pickle_problem"]
 
 TUNER_PKL = "tuner.pkl"
 
@@ -38,6 +39,28 @@ def pickle_globals(data: bytes) -> list[tuple[str, str]]:
     except Exception:  # a damaged pickle: use what was read up to there
         pass
     return found
+
+
+def registered_names(manager: Any, trial_dir: str) -> set[str] | None:
+    """The checkpoints of ``trial_dir`` Ray's checkpoint manager lists (its entry in an experiment state's trial
+    runtime: a pickle, hex-encoded), by directory name: the paths among its strings, read from its opcodes and
+    never unpickled. None when the entry is not such a pickle (this Ray stores it otherwise)."""
+    if not isinstance(manager, dict) or not isinstance(manager.get("value"), str):
+        return None
+    try:
+        data = bytes.fromhex(manager["value"])
+    except ValueError:
+        return None
+    names = set()
+    try:
+        for opcode, arg, _ in pickletools.genops(data):
+            if isinstance(arg, str) and "/checkpoint_" in arg:
+                path = arg.rstrip("/")
+                if posixpath.basename(posixpath.dirname(path)) == trial_dir:
+                    names.add(posixpath.basename(path))
+    except Exception:  # noqa: BLE001 - a damaged pickle: what was read up to there
+        pass
+    return names
 
 
 def pickle_problem(data: bytes) -> str | None:

@@ -84,6 +84,7 @@ __all__ = [
     "save_in_place",
     "save_snapshot",
     "trainable_spec",
+    "write_and_report",
 ]
 
 logger = logging.getLogger(__name__)
@@ -343,6 +344,21 @@ def save_again(trainable: tune.Trainable, previous: Any, *, durability: Durabili
     if not source or not os.path.isdir(source):
         return None
     return save_in_place(trainable, lambda staging: link_tree(source, staging), durability=durability)
+
+
+def write_and_report(trainable: tune.Trainable, write: Callable[[str], Any]) -> TrainingResult:
+    """Write a checkpoint with ``write`` into a temporary directory that Ray then persists into the trial's
+    next index, as ``Trainable.save`` does (to remote storage with the manifest last:
+    :func:`tunekit._ray.report_checkpoint_dir`)."""
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="tunekit-ckpt-")
+    try:
+        write(directory)
+        return _ray.report_checkpoint_dir(trainable, directory)
+    finally:
+        if _ray.trainable_storage(trainable) is not None:  # (without storage, outside Tune: the checkpoint)
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def confirm_remote_upload(result: Any) -> None:

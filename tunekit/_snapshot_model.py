@@ -14,9 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tunekit._checks import as_number, check_mode, check_scope
+from tunekit._manifest import INTERRUPTED_WRITE, interrupted_write
 from tunekit.checkpoint import verify_checkpoint
 from tunekit.interval import INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
 from tunekit.results import RESTORED_FROM_KEY
+
+#: The first word of the verdict on a checkpoint whose write never completed (not damage).
+INTERRUPTED = "interrupted"
 
 __all__ = [
     "BestCheckpoint",
@@ -58,6 +62,9 @@ class CheckpointSummary:
     #: Where it is stored (a :class:`~tunekit.storage.Storage`) when read from storage: what is verified (a
     #: filesystem object's ``py::`` URI does not resolve again); None: :attr:`uri`.
     location: Any = field(default=None, repr=False, compare=False)
+    #: For a tunekit checkpoint without a manifest: whether Ray registered it (False: a write that never
+    #: completed, not damage; None: not known, or it has its manifest).
+    registered: bool | None = field(default=None, repr=False, compare=False)
 
     @property
     def where(self) -> Any:
@@ -254,8 +261,10 @@ class ExperimentSnapshot:
         else:
             report = verify_checkpoint(checkpoint.where)
             answer = (report.ok, f"{report.status}: {'; '.join(report.problems)}" if not report.ok else "good")
+            if not report.ok and checkpoint.registered is False and interrupted_write(report, checkpoint.where):
+                answer = (False, f"{INTERRUPTED}: {INTERRUPTED_WRITE}")  # never best, and not damage
         self._verdicts[checkpoint.uri] = answer
-        if not answer[0]:
+        if not answer[0] and not answer[1].startswith(INTERRUPTED):
             self.problems.append(f"checkpoint {checkpoint.uri} is {answer[1]}")
         return answer
 

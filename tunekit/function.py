@@ -54,6 +54,7 @@ from tunekit import _ray
 from tunekit._checkpointer import TrialCheckpointer, TrialContent
 from tunekit._restoring import align_iteration, raise_failed_clone
 from tunekit._pins import unpinned
+from tunekit._saving import write_and_report
 from tunekit.errors import CheckpointError, ConfigError, ConfigTypeError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
 from tunekit.state import TrainingState
@@ -248,13 +249,10 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         write = self._elsewhere_writer()
         if write is None:  # nothing to save
             return _ray.TrainingResult(checkpoint=None, metrics=_ray.last_result(self))
-        directory = checkpoint_dir or tempfile.mkdtemp(prefix="tunekit-ckpt-")
-        try:
-            write(directory)
-            return _ray.report_checkpoint_dir(self, directory)
-        finally:
-            if not checkpoint_dir and _ray.trainable_storage(self):
-                shutil.rmtree(directory, ignore_errors=True)
+        if not checkpoint_dir:
+            return write_and_report(self, write)
+        write(checkpoint_dir)
+        return _ray.report_checkpoint_dir(self, checkpoint_dir)
 
     def _elsewhere_writer(self) -> Callable[[str], Any] | None:
         """What writes this trial's checkpoint into a directory; None before the function made its session."""

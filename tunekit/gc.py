@@ -30,7 +30,7 @@ import pyarrow.fs as pafs
 
 from tunekit._trial_dir import leftovers as hidden_dirs
 from tunekit._manifest import read_metadata
-from tunekit._snapshot_model import CheckpointSummary
+from tunekit._snapshot_model import INTERRUPTED, CheckpointSummary
 from tunekit.errors import CheckpointError, ConfigError, ExperimentError
 from tunekit.experiment_dir import POINTER_KEY, TRAIN_DIR, checkpoint_bytes
 from tunekit.record import driver_running, read_record
@@ -123,7 +123,7 @@ def plan_gc(
     snapshot = read_experiment(experiment)
     if policy.metric and (policy.experiment_best or policy.trial_best):
         snapshot.check_metric("--metric", policy.metric)
-    damaged = _damaged(snapshot) if policy.selects else {}
+    damaged = _damaged(snapshot) if policy.selects or leftovers else {}
     keep = _kept(snapshot, policy, damaged) if policy.selects else None
     if keep is not None:
         keep |= _train_kept(experiment, snapshot, keep)
@@ -135,7 +135,12 @@ def plan_gc(
         kept = []
         for ckpt in trial.checkpoints:
             size = sizes.get(f"{trial.name}/{ckpt.name}", 0)
-            if ckpt.uri in damaged:  # never counted, never deleted: shown, for the user to look at
+            if ckpt.uri in damaged and damaged[ckpt.uri].startswith(INTERRUPTED):  # never completed: a leftover
+                if leftovers:
+                    plan.deletions.append(Deletion(trial.name, ckpt.name, size, _LEFTOVERS["interrupted"]))
+                else:
+                    plan.kept_bytes += size
+            elif ckpt.uri in damaged:  # never counted, never deleted: shown, for the user to look at
                 plan.damaged.append(f"{trial.name}/{ckpt.name}: {damaged[ckpt.uri]}")
                 plan.kept_bytes += size
             elif keep is None or (trial.name, ckpt.name) in keep:

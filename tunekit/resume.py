@@ -31,6 +31,7 @@ from typing import Any, TextIO
 import pyarrow.fs as pafs
 
 from tunekit._manifest import NOT_WRITTEN
+from tunekit._snapshot_model import INTERRUPTED
 from tunekit._pickles import driver_state_problem
 from tunekit._pins import is_pinned
 from tunekit._trial_dir import damaged_name
@@ -227,8 +228,9 @@ def _continues_from(snapshot: ExperimentSnapshot, trial: TrialSnapshot, experime
     if pin is not None and (good is None or (pin.iteration or 0) >= (good.iteration or 0)):
         return (f"  {trial.trial_id} ({trial.status}): continues from {pin.name} (iteration {pin.iteration}: "
                 "the PBT donor's checkpoint it cloned, pinned)"), pin
-    kept = [_preserve(experiment, trial, c) for c in trial.checkpoints  # (an announced one never written: no bytes)
-            if not snapshot.verdict(c)[0] and not c.unsupported and NOT_WRITTEN not in snapshot.verdict(c)[1]]
+    kept = [_preserve(experiment, trial, c) for c in trial.checkpoints  # (an announced one never written, or one
+            if not snapshot.verdict(c)[0] and not c.unsupported  # whose write never completed: nothing to keep)
+            and NOT_WRITTEN not in snapshot.verdict(c)[1] and not snapshot.verdict(c)[1].startswith(INTERRUPTED)]
     where = f"{good.name} (iteration {good.iteration})" if good else "the start (no checkpoint that verifies)"
     line = f"  {trial.trial_id} ({trial.status}): continues from {where}"
     if damaged:

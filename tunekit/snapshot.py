@@ -34,7 +34,7 @@ from tunekit.checkpoint import METADATA_FILE as METADATA_NAME
 from tunekit.checkpoint import read_metadata
 from tunekit.errors import CheckpointError
 from tunekit.experiment_dir import TRAIN_DIR, TrialDir, checkpoint_files, root_files, scan_experiment
-from tunekit.record import interrupted_trials
+from tunekit.record import interrupted_trials, read_record
 from tunekit.results import (RESTORED_FROM_KEY, dedupe_lineage, exploits_by_trial, gc_paused, loads, parse_result_lines,
                              read_bytes, read_text, rows_lost)
 from tunekit._pickles import driver_state_damage, tuner_pickle_problem
@@ -105,6 +105,28 @@ def check_storage(snapshot: ExperimentSnapshot) -> dict[str, int]:
         snapshot.problems.append(torn)
     return {t.trial_id: sum(sum(files.get(f"{t.name}/{c.name}", {}).values()) for c in t.checkpoints)
             for t in snapshot.trials}
+
+
+def registered_checkpoints(experiment: Storage, recorded: dict[str, Any] | None = None
+                           ) -> dict[str, set[str] | None] | None:
+    """Trial directory -> the names of the checkpoints Ray's newest whole experiment state lists for it (read as
+    data, see :func:`tunekit._pickles.registered_names`), the one tunekit's record names as its newest added;
+    None without an experiment state. A checkpoint Ray registered is never an interrupted write.
+    ``recorded``: the state's trials (:func:`_trials_from_state`, with runtimes), when read already."""
+    from tunekit._pickles import registered_names
+
+    if recorded is None:
+        name, state = _read_state(experiment, [], [])
+        recorded = _trials_from_state(state, []) if name is not None and state else None
+    if not recorded:
+        return None
+    out = {key: registered_names(entry["runtime"].get("checkpoint_manager"), key) for key, entry in recorded.items()}
+    record, _ = read_record(experiment.filesystem, experiment.path)
+    for entry in (record or {}).get("trials") or []:
+        newest = entry.get("checkpoint") if isinstance(entry, dict) else None
+        if isinstance(newest, str) and isinstance(out.get(str(entry.get("dir")), None), set):
+            out[str(entry["dir"])].add(newest.rpartition("/")[2])
+    return out
 
 
 def read_state_problems(experiment: Storage) -> list[str]:
@@ -207,6 +229,18 @@ def _checkpoints(
                                      tunekit=bool(meta) or isinstance(listed, dict),
                                      manifest=listed, location=ckpt.location))
     return out
+
+
+def _mark_registered(experiment: Storage, trials: list[TrialSnapshot], recorded: dict[str, Any] | None) -> None:
+    """Whether Ray registered each tunekit checkpoint that has no manifest (else: a write that never completed),
+    asked only where there is one (its experiment state's checkpoint lists are read then)."""
+    unmarked = [(t, c) for t in trials for c in t.checkpoints if c.tunekit and c.manifest is None]
+    if not unmarked:
+        return
+    registered = registered_checkpoints(experiment, recorded) or {}
+    for trial, ckpt in unmarked:
+        names = registered.get(trial.name)
+        ckpt.registered = None if names is None else ckpt.name in names
 
 
 def _tag(trial: dict[str, Any], dir_name: str) -> str | None:
@@ -378,6 +412,7 @@ def _read_experiment(experiment: Storage, results: bool) -> ExperimentSnapshot:
         numbers = [s for s in starts if isinstance(s, (int, float))]
         start_time = min(numbers) if numbers else None
     trials.sort(key=lambda t: t.trial_id)
+    _mark_registered(experiment, trials, recorded if results else None)
     exploits = read_exploits(experiment, trial_tags(trials), files)
     interrupted = interrupted_trials(experiment.filesystem, experiment.path, trials)
     clones = exploits_by_trial(exploits)

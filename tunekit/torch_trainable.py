@@ -21,7 +21,7 @@ from tunekit.rng import seed_everything
 from tunekit.state import TrainingState
 from tunekit._checkpointer import BACKGROUND_MIN_BYTES, TrialCheckpointer, TrialContent
 from tunekit._restoring import align_iteration, raise_failed_clone
-from tunekit._saving import trainable_spec
+from tunekit._saving import trainable_spec, write_and_report
 
 __all__ = ["TorchTrainable"]
 
@@ -184,7 +184,14 @@ class TorchTrainable(tune.Trainable):
 
     @override
     def save(self, checkpoint_dir: str | None = None) -> Any:
-        return self._checkpointer.save(self._content, checkpoint_dir, fallback=super().save)
+        return self._checkpointer.save(self._content, checkpoint_dir, fallback=self._save_through_ray)
+
+    def _save_through_ray(self, checkpoint_dir: str | None) -> Any:
+        """Where tunekit does not write the checkpoint in place (remote storage, a directory Ray named):
+        written here and persisted by Ray, to remote storage with the manifest last."""
+        if checkpoint_dir or _ray.trainable_storage(self) is None:
+            return super().save(checkpoint_dir)
+        return write_and_report(self, self.save_checkpoint)
 
     @override
     def save_checkpoint(self, checkpoint_dir: str) -> str:

@@ -16,7 +16,7 @@ import pyarrow.fs as pafs
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-from tunekit._manifest import NOT_WRITTEN
+from tunekit._manifest import INTERRUPTED_WRITE, NOT_WRITTEN, interrupted_write
 from tunekit._trial_dir import CHECKPOINT_DIR, STAGING, leftovers
 from tunekit.checkpoint import (
     CheckpointReport,
@@ -39,7 +39,7 @@ class CheckpointCheck:
     trial: str
     checkpoint: str
     iteration: int | None
-    status: Literal["good", "incomplete", "corrupt", "unsupported", "unverified"]
+    status: Literal["good", "incomplete", "corrupt", "unsupported", "unverified", "interrupted"]
     problems: tuple[str, ...] = ()
 
     @property
@@ -76,7 +76,7 @@ class ExperimentCheck:
         return not self.problems and not any(c.bad or c.status == "unsupported" for c in self.checks)
 
     def counts(self) -> dict[str, int]:
-        out = {"good": 0, "incomplete": 0, "corrupt": 0, "unsupported": 0, "unverified": 0}
+        out = {"good": 0, "incomplete": 0, "corrupt": 0, "unsupported": 0, "unverified": 0, "interrupted": 0}
         for check in self.checks:
             out[check.status] += 1
         return out
@@ -84,7 +84,8 @@ class ExperimentCheck:
     def summary(self) -> str:
         counts = self.counts()
         parts = ", ".join(
-            f"{n} {status}" for status, n in counts.items() if n or status not in ("unverified", "unsupported")
+            f"{n} {status}" for status, n in counts.items()
+            if n or status not in ("unverified", "unsupported", "interrupted")
         )
         lines = [f"{len(self.checks)} checkpoints in {self.trials} trials: {parts}"]
         return "\n".join(lines + [f"damaged: {p}" for p in self.problems])
@@ -178,6 +179,7 @@ def verify_experiment(
     result = ExperimentCheck(location=experiment.uri, trials=len(trials))
     found = [(trial, ckpt, is_tunekit_checkpoint(ckpt.location)) for trial in trials for ckpt in trial.checkpoints]
     any_tunekit = any(is_ours for _, _, is_ours in found)
+    registered: list[Any] = []  # (Ray's registered checkpoints, read once when a checkpoint has no manifest)
     for trial, ckpt, is_ours in found:
         report: CheckpointReport = verify_checkpoint(ckpt.location)
         if report.problems == [NOT_WRITTEN]:  # announced by a two-phase save: in flight, or its writer died
@@ -185,6 +187,9 @@ def verify_experiment(
                 if _being_written(trial, ckpt.name) else CheckpointCheck(
                     trial.name, ckpt.name, None, "incomplete",
                     (NOT_WRITTEN, "its writer is gone: the trial restores from its newest good checkpoint"))
+        elif is_ours and interrupted_write(report, ckpt.location) and _never_registered(experiment, trial.name,
+                                                                                     ckpt.name, registered):
+            check = CheckpointCheck(trial.name, ckpt.name, None, "interrupted", (INTERRUPTED_WRITE,))
         elif is_ours or any_tunekit:
             meta = _metadata(ckpt.location) if is_ours else {}
             status, problems = report.status, tuple(report.problems) if is_ours else ("no tunekit files in it",)
@@ -210,6 +215,17 @@ def verify_experiment(
     result.problems.extend(experiment_file_problems(experiment))
     result.problems.extend(result_file_problems(experiment, trials))
     return result
+
+
+def _never_registered(experiment: Storage, trial: str, name: str, known: list[Any]) -> bool:
+    """Whether Ray's experiment state shows that it never registered checkpoint ``name`` of ``trial``
+    (``known``: where the answer for the experiment is kept once read)."""
+    from tunekit.snapshot import registered_checkpoints
+
+    if not known:
+        known.append(registered_checkpoints(experiment) or {})
+    names = known[0].get(trial)
+    return names is not None and name not in names
 
 
 def result_file_problems(experiment: Storage, trials: list[Any]) -> list[str]:
@@ -284,6 +300,7 @@ def _leftover_checks(trial: Any) -> list[CheckpointCheck]:
             out.append(CheckpointCheck(trial.name, name, None, "unverified",
                                        ("being written by a live process",)))
         else:
-            out.append(CheckpointCheck(trial.name, name, None, "incomplete", (
-                "an interrupted checkpoint write (its writer is gone; safe to delete)",)))
+            out.append(CheckpointCheck(trial.name, name, None, "interrupted", (
+                "an interrupted checkpoint write (its writer is gone; not damage: `tunekit gc --leftovers` or the "
+                "trial's next save removes it)",)))
     return out

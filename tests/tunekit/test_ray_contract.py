@@ -153,6 +153,10 @@ def test_storage_and_trainable_internals_behave_as_relied_on(ray_session, tmp_pa
         assert hasattr(storage, name), f"Ray changed: StorageContext.{name} is gone"
     storage.current_checkpoint_index = 6  # tunekit raises it past an index used before; the path follows
     assert storage.checkpoint_fs_path.endswith("checkpoint_000006")
+    from ray.train._internal.storage import StorageContext
+
+    # (the name of the index a remote upload goes to next: its stale manifest is deleted before the upload)
+    assert StorageContext._make_checkpoint_dir_name(7) == "checkpoint_000007", "Ray changed: _make_checkpoint_dir_name"
     storage.current_checkpoint_index = -1
     trainable = DigitsTrainable(config={"hidden_size": 8, "steps_per_iteration": 2}, storage=storage)
     try:

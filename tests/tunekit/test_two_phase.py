@@ -137,7 +137,7 @@ def test_a_writer_killed_mid_write_leaves_a_complete_checkpoint_to_restore(trial
     assert main(["verify", str(trial_dir.parent)]) == 1
     out = capsys.readouterr().out
     assert ".checkpoint_000000.kept  iter     2  good" in out
-    assert "incomplete: an interrupted checkpoint write" in out
+    assert "interrupted: an interrupted checkpoint write" in out
     assert "checkpoint_000001  iter     -  incomplete: directory is empty: announced" in out
     # Restoring what Tune registered last (the interrupted one) does not wait for a dead writer
     # (with next to no time to wait, a live one would fail the restore with "still being written"):

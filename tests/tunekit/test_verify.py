@@ -161,3 +161,65 @@ def test_credentials_never_reach_storage_or_output(ray_session, s3_bucket, capfd
         assert S3_SECRET.encode() not in s3_bucket.read(key), key
     out, err = capfd.readouterr()
     assert S3_SECRET not in out + err
+
+
+def test_an_interrupted_s3_upload_is_named_interrupted_not_damage_and_gc_removes_it(ray_session, s3_bucket,
+                                                                                     capsys):
+    """What a node killed mid-upload leaves on S3 (remote uploads put the manifest, the commit mark, last): a
+    checkpoint prefix with tunekit's files and no manifest, never registered by Ray. Every reader names it
+    interrupted, none calls it damage or best; `gc --leftovers` removes it. A registered checkpoint that lost its
+    manifest is still damage."""
+    import pyarrow.fs as pafs
+
+    grid = _fit(s3_bucket.uri("runs"), "cut", stop=2)
+    assert not grid.errors
+    exp = _experiment(s3_bucket.uri("runs"), "cut")
+    storage = resolve_storage(exp)
+    fs = storage.filesystem
+    trial = find_trials(storage)[0]
+    newest = max(trial.checkpoints, key=lambda c: c.name).location.path
+    cut = posixpath.join(trial.location.path, "checkpoint_000009")
+    for name in ("tunekit.json", "state.pt"):  # the payload arrived, the manifest did not
+        fs.copy_file(posixpath.join(newest, name), posixpath.join(cut, name))
+
+    assert main(["verify", exp]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "checkpoint_000009" in line)
+    assert "interrupted: a write that never completed" in line and "1 interrupted" in out, out
+    assert main(["status", exp, "--metric", "accuracy", "--mode", "max"]) == 0
+    shown = capsys.readouterr().out
+    assert "checkpoint_000009" not in shown.split("best checkpoint:")[-1].splitlines()[0] and "damage" not in shown
+    assert main(["gc", exp, "--leftovers", "--yes"]) == 0
+    capsys.readouterr()
+    assert fs.get_file_info(cut).type == pafs.FileType.NotFound
+    assert main(["verify", exp]) == 0
+
+    delete_manifest(fs, newest)  # registered by Ray: its manifest lost is damage
+    assert main(["verify", exp]) == 1
+    assert "incomplete: no manifest.json" in capsys.readouterr().out
+
+
+def test_a_save_to_s3_over_an_earlier_unregistered_attempt_commits_its_own_state(s3_bucket):
+    """A worker retrying into the index Ray never registered: the earlier attempt's manifest goes before the new
+    payload is uploaded, the new manifest comes last; the checkpoint is the new state, whole."""
+    from tunekit import _ray, read_metadata
+
+    storage = _ray.storage_context(s3_bucket.uri("runs"), "exp", "trial", validate=True)
+    first = DigitsTrainable(config={**CONFIG, "seed": 1}, storage=storage)
+    try:
+        first.train()
+        earlier = first.save()  # an attempt at checkpoint_000000 its driver never registered
+    finally:
+        first.stop()
+    assert posixpath.basename(earlier.checkpoint.path) == "checkpoint_000000"
+    storage.current_checkpoint_index = -1  # what the retry's worker is handed: the same index again
+    again = DigitsTrainable(config={**CONFIG, "seed": 2}, storage=storage)
+    try:
+        for _ in range(3):
+            again.train()
+        saved = again.save()
+    finally:
+        again.stop()
+    assert saved.checkpoint.path == earlier.checkpoint.path
+    assert verify_checkpoint(saved.checkpoint).ok
+    assert read_metadata(saved.checkpoint)["iteration"] == 3

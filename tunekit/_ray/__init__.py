@@ -27,7 +27,7 @@ Private names, by owner:
   and by :func:`offline_storage`, which overrides ``_get_session_path``, for ``tunekit check``):
   ``_update_checkpoint_index``, ``current_checkpoint_index``, ``_check_validation_file``,
   ``_create_validation_file``, ``checkpoint_fs_path``, ``persist_artifacts``,
-  ``sync_config``, ``storage_filesystem``.
+  ``sync_config``, ``storage_filesystem``, ``_make_checkpoint_dir_name`` (where a remote upload goes next).
 * ``PopulationBasedTraining``: the hooks ``_checkpoint_or_exploit`` and
   ``_exploit`` and ``_trial_state[trial].last_train_time``.
 * ``Trial.temporary_state.ray_actor`` (the trial's worker), ``_TrialInfo`` and the
@@ -58,6 +58,8 @@ filters. Everything is re-exported here: tunekit calls ``_ray.<name>``.
 
 from __future__ import annotations
 
+import os
+import posixpath
 from typing import Any, Callable
 
 from ray import tune
@@ -239,9 +241,39 @@ def publish_local_checkpoint(trainable: tune.Trainable, directory: str, metrics:
 
 
 def report_checkpoint_dir(trainable: tune.Trainable, directory: str) -> TrainingResult:
-    """Upload a checkpoint directory the way a class trainable's ``save`` does (into an unused index)."""
-    _skip_used_indexes(trainable_storage(trainable))
-    return trainable._report_class_trainable_checkpoint(directory, directory)
+    """Upload a checkpoint directory the way a class trainable's ``save`` does (into an unused index).
+
+    To remote storage the manifest, tunekit's commit mark, goes last: first the
+    manifest an earlier, unregistered attempt at the same index left there is
+    deleted (Ray writes a retry into the index it never registered), then Ray
+    uploads the rest, then the manifest. A kill at any point leaves a
+    checkpoint without a manifest (an interrupted upload, which readers name
+    so), never one whose manifest describes other bytes.
+    """
+    import pyarrow.fs as pafs
+
+    from tunekit._manifest import MANIFEST_FILE
+
+    storage = trainable_storage(trainable)
+    _skip_used_indexes(storage)
+    held = os.path.join(directory, MANIFEST_FILE)
+    if storage is None or type(storage.storage_filesystem) is pafs.LocalFileSystem or not os.path.exists(held):
+        return trainable._report_class_trainable_checkpoint(directory, directory)
+    from ray.train._internal.storage import StorageContext
+
+    fs = storage.storage_filesystem
+    target = posixpath.join(storage.trial_fs_path,
+                            StorageContext._make_checkpoint_dir_name(storage.current_checkpoint_index + 1))
+    stale = posixpath.join(target, MANIFEST_FILE)
+    if fs.get_file_info(stale).type != pafs.FileType.NotFound:
+        fs.delete_file(stale)
+    with open(held, "rb") as fh:
+        manifest = fh.read()
+    os.remove(held)
+    result = trainable._report_class_trainable_checkpoint(directory, directory)
+    with fs.open_output_stream(posixpath.join(result.checkpoint.path, MANIFEST_FILE)) as out:
+        out.write(manifest)
+    return result
 
 
 def report_with_checkpoint(metrics: dict[str, Any], directory: str) -> None:
