@@ -49,6 +49,7 @@ from tunekit._saving import (
     Durability,
     background_saves_enabled,
     confirm_remote_upload,
+    release_remote_pin,
     save_again,
     save_in_place,
     save_snapshot,
@@ -266,6 +267,7 @@ class TrialCheckpointer:
         if result is None:
             result = fallback(checkpoint_dir)
             confirm_remote_upload(result)
+            release_remote_pin(self.trainable, result)
         self._last = (iteration, result)
         if waits:
             self._sync_next = False
@@ -322,7 +324,9 @@ class TrialCheckpointer:
                 return direct(request)
             except CheckpointError:
                 pass  # damaged: find what to restore instead, below
-        result, self._temps = prepare_restore(checkpoint, trial_dir=_ray.local_trial_dir(self.trainable))
+        storage = _ray.trainable_storage(self.trainable)
+        result, self._temps = prepare_restore(checkpoint, trial_dir=_ray.local_trial_dir(self.trainable),
+                                              trial_path=storage.trial_fs_path if storage is not None else None)
         if result is None:
             self.restored_from = None
             return afresh()

@@ -46,63 +46,93 @@ __all__ = [
 PIN_RECORD = ".tunekit-pin.json"
 
 
-def adopt_pin(trial_dir: str, pin: str) -> None:
-    """The trial in ``trial_dir`` restored from ``pin`` (a PBT clone): keep the pin while anything may restore
-    from it.
+def adopt_pin(trial_dir: str, pin: str, fs: pafs.FileSystem | None = None) -> None:
+    """The trial in ``trial_dir`` (on ``fs``; default local disk) restored from ``pin`` (a PBT clone): keep the
+    pin while anything may restore from it.
 
     Ray names the pin as the trial's checkpoint until the trial's next one is
     registered, and a worker killed before that next one is whole is
     restored from the pin again, or falls back to it. :func:`release_adopted_pin` removes the
     pin once a checkpoint of the trial newer than the exploit is complete; a
-    pin adopted before it (two exploits before a save) goes at once.
+    pin adopted before it (two exploits before a save) goes at once. The same
+    on every storage: the record is a file of the trial's directory there.
     """
-    previous = adopted_pin(trial_dir)
-    _write_record(trial_dir, {"pin": pin, "after": highest_index(trial_dir)})
+    previous = adopted_pin(trial_dir, fs)
+    _write_record(trial_dir, {"pin": pin, "after": _highest(trial_dir, fs)}, fs)
     if previous is not None and previous[0] != pin:
-        shutil.rmtree(previous[0], ignore_errors=True)
+        _remove(fs, previous[0])
 
 
-def adopted_pin(trial_dir: str) -> tuple[str, int] | None:
+def adopted_pin(trial_dir: str, fs: pafs.FileSystem | None = None) -> tuple[str, int] | None:
     """``(pin path, the trial's highest checkpoint index when it restored from it)``, or None (also once the
     pin is released)."""
-    record = _read_record(trial_dir)
+    record = _read_record(trial_dir, fs)
     return None if record is None or record[2] else record[:2]
 
 
-def cloned_from(trial_dir: str) -> tuple[str, int] | None:
+def cloned_from(trial_dir: str, fs: pafs.FileSystem | None = None) -> tuple[str, int] | None:
     """``(pin path, the trial's highest checkpoint index when it restored from it)`` of the trial's last
     clone, the pin kept or released; None if the trial never restored from a pin here."""
-    record = _read_record(trial_dir)
+    record = _read_record(trial_dir, fs)
     return None if record is None else record[:2]
 
 
-def _read_record(trial_dir: str) -> tuple[str, int, bool] | None:
+def _local(fs: pafs.FileSystem | None) -> bool:
+    return fs is None or isinstance(fs, pafs.LocalFileSystem)
+
+
+def _read_record(trial_dir: str, fs: pafs.FileSystem | None = None) -> tuple[str, int, bool] | None:
+    path = posixpath.join(trial_dir, PIN_RECORD)
     try:
-        with open(os.path.join(trial_dir, PIN_RECORD)) as fh:
-            record = json.load(fh)
+        if _local(fs):
+            with open(path) as fh:
+                record = json.load(fh)
+        else:
+            with fs.open_input_stream(path) as stream:  # type: ignore[union-attr]
+                record = json.loads(stream.read())
         return str(record["pin"]), int(record["after"]), bool(record.get("released"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def _write_record(trial_dir: str, record: dict[str, object]) -> None:
+def _write_record(trial_dir: str, record: dict[str, object], fs: pafs.FileSystem | None = None) -> None:
+    if not _local(fs):  # (an object appears whole or not at all)
+        with fs.open_output_stream(posixpath.join(trial_dir, PIN_RECORD)) as out:  # type: ignore[union-attr]
+            out.write(json.dumps(record).encode())
+        return
     temporary = os.path.join(trial_dir, f"{PIN_RECORD}.{os.getpid()}")
     with open(temporary, "w") as fh:
         json.dump(record, fh)
     os.replace(temporary, os.path.join(trial_dir, PIN_RECORD))
 
 
-def release_adopted_pin(trial_dir: str, completed: int) -> None:
+def _highest(trial_dir: str, fs: pafs.FileSystem | None) -> int:
+    """The highest checkpoint index the trial's directory holds (-1 if none)."""
+    if _local(fs):
+        return highest_index(trial_dir)
+    found = [int(m[1]) for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True))  # type: ignore[union-attr]
+             if (m := CHECKPOINT_DIR.match(info.base_name))]
+    return max(found, default=-1)
+
+
+def _remove(fs: pafs.FileSystem | None, path: str) -> None:
+    if _local(fs):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        _delete(fs, path)  # type: ignore[arg-type]
+
+
+def release_adopted_pin(trial_dir: str, completed: int, fs: pafs.FileSystem | None = None) -> None:
     """Checkpoint ``completed`` of the trial is whole: the pin it restored from goes if the checkpoint is newer.
 
     The record stays, marked released: Ray may still name the pin as the trial's checkpoint (the driver
     registers ``completed`` later, or was killed before it did), and a restore of the gone pin then takes
     the trial's own checkpoints after the clone (:func:`cloned_from`), not the donor's others.
     """
-    adopted = adopted_pin(trial_dir)
+    adopted = adopted_pin(trial_dir, fs)
     if adopted is not None and completed > adopted[1]:
-        _write_record(trial_dir, {"pin": adopted[0], "after": adopted[1], "released": True})
-        shutil.rmtree(adopted[0], ignore_errors=True)
+        _write_record(trial_dir, {"pin": adopted[0], "after": adopted[1], "released": True}, fs)
+        _remove(fs, adopted[0])
 
 
 def unpinned(path: str) -> str:

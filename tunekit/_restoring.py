@@ -132,8 +132,8 @@ def _other_checkpoints(checkpoint: tune.Checkpoint, *, newer_too: bool) -> list[
         ):
             found.append((int(other[1]), not info.base_name.startswith("."), info.path))
     ordered = [path for _, _, path in sorted(found, reverse=True)]
-    adopted = adopted_pin(trial_dir) if isinstance(fs, pafs.LocalFileSystem) else None
-    if adopted is not None and os.path.isdir(adopted[0]):
+    adopted = adopted_pin(trial_dir, fs)
+    if adopted is not None and fs.get_file_info(adopted[0]).type == pafs.FileType.Directory:
         # A PBT clone: the donor's state it restored from comes before its own checkpoints from before the
         # exploit (falling back to those would undo the exploit); its own ones since come first.
         pin, after = adopted
@@ -160,15 +160,17 @@ def local_request(checkpoint: Any) -> TrainingResult | None:
     return None
 
 
-def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[TrainingResult | None, list[str]]:
+def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None,
+                    trial_path: str | None = None) -> tuple[TrainingResult | None, list[str]]:
     """Resolve what Tune asked to restore into a good, local checkpoint.
 
     ``trial_dir``: the restoring trial's own local directory. A checkpoint in it announced but never
     completed by the trial's first two-phase save (nothing complete before it) means "start afresh": None.
+    ``trial_path``: the trial's directory on its storage, whatever the storage (where a pin's record goes).
 
-    A local PBT donor's pin is adopted by the trial (:func:`_release_pin`);
-    a remote one is deleted once downloaded. An announced checkpoint whose
-    write died gets the files of the one the trial goes on from instead.
+    A PBT donor's pin is adopted by the trial (:func:`_release_pin`), on any
+    storage. An announced checkpoint whose write died gets the files of the
+    one the trial goes on from instead.
 
     Returns:
         The result to restore (its checkpoint local and verified), or None to
@@ -183,7 +185,7 @@ def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[T
     temps: list[str] = []
     try:
         local, report = _fetch(requested.checkpoint, temps)
-        _release_pin(requested.checkpoint, temps, trial_dir)
+        _release_pin(requested.checkpoint, temps, trial_dir or trial_path)
         if report.ok:
             return TrainingResult(checkpoint=local, metrics=requested.metrics), temps
         if report.problems == [f"no {MANIFEST_FILE}"] and is_foreign_checkpoint(local):
@@ -201,7 +203,8 @@ def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None) -> tuple[T
         announced = report.problems == [NOT_WRITTEN] and isinstance(requested.checkpoint.filesystem, pafs.LocalFileSystem)
         if announced:
             registered_unwritten(requested.checkpoint.path)  # Ray registered it: tunekit never removes it
-        instead = _first_good(requested, report, temps, _candidates(requested.checkpoint, trial_dir, missing))
+        instead = _first_good(requested, report, temps,
+                              _candidates(requested.checkpoint, trial_dir or trial_path, missing))
         if instead is not None:
             if announced:  # what Ray registered gets the state the trial goes on from
                 _stand_in(requested.checkpoint.path, instead.checkpoint.path)
@@ -234,19 +237,18 @@ def _after_clone(checkpoint: tune.Checkpoint, trial_dir: str | None) -> list[tun
     The pin goes once such a checkpoint is complete (:func:`tunekit._pins.release_adopted_pin`), and Ray names
     the pin until the driver has registered it: a driver killed in between, or a worker killed before the
     registration, asks for the pin. The donor's other checkpoints are not what the trial had become."""
-    if trial_dir is None or not is_pinned(checkpoint.path) or not isinstance(checkpoint.filesystem,
-                                                                            pafs.LocalFileSystem):
+    fs = checkpoint.filesystem
+    if trial_dir is None or not is_pinned(checkpoint.path):
         return []
-    record = cloned_from(trial_dir)
-    if record is None or os.path.normpath(record[0]) != os.path.normpath(checkpoint.path):
+    record = cloned_from(trial_dir, fs)
+    if record is None or posixpath.normpath(record[0]) != posixpath.normpath(checkpoint.path):
         return []
     found = []
-    with os.scandir(trial_dir) as entries:
-        for entry in entries:
-            match = CHECKPOINT_DIR.match(entry.name) or KEPT_COPY.match(entry.name)
-            if match and int(match[1]) > record[1] and entry.is_dir():
-                found.append((int(match[1]), not entry.name.startswith("."), entry.path))
-    return [tune.Checkpoint(path, filesystem=checkpoint.filesystem) for _, _, path in sorted(found, reverse=True)]
+    for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
+        match = CHECKPOINT_DIR.match(info.base_name) or KEPT_COPY.match(info.base_name)
+        if match and int(match[1]) > record[1] and info.type == pafs.FileType.Directory:
+            found.append((int(match[1]), not info.base_name.startswith("."), info.path))
+    return [tune.Checkpoint(path, filesystem=fs) for _, _, path in sorted(found, reverse=True)]
 
 
 def _first_good(requested: TrainingResult, report: CheckpointReport, temps: list[str],
@@ -313,20 +315,24 @@ def _stand_in(announced: str, source: str) -> None:
 
 
 def _release_pin(checkpoint: tune.Checkpoint, temps: list[str], trial_dir: str | None) -> None:
-    """A pin is read by one clone. A local one stays while the clone may be restored from it again
-    (:func:`tunekit._pins.adopt_pin`; outside Tune it goes with the temporary directories); a remote
-    one goes now (downloaded)."""
+    """A pin is read by one clone, and stays while the clone may be restored from it again
+    (:func:`tunekit._pins.adopt_pin`, on any storage: ``trial_dir`` is the clone's directory there). Outside
+    Tune (no trial directory) a local one goes with the temporary directories, a remote one now."""
     if not is_pinned(checkpoint.path):
         return
-    if isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+    fs = checkpoint.filesystem
+    if isinstance(fs, pafs.LocalFileSystem):
         if not os.path.isdir(checkpoint.path):
             return  # gone (released, see :func:`_after_clone`): its record says what came after it
         if trial_dir is not None and os.path.isdir(trial_dir):
             adopt_pin(trial_dir, checkpoint.path)
         else:
             temps.append(checkpoint.path)
+    elif trial_dir is not None:
+        if fs.get_file_info(checkpoint.path).type == pafs.FileType.Directory:
+            adopt_pin(trial_dir, checkpoint.path, fs)
     else:
-        remove_pin(checkpoint.filesystem, checkpoint.path)
+        remove_pin(fs, checkpoint.path)
 
 
 def remove_temps(temps: list[str]) -> None:

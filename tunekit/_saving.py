@@ -80,6 +80,7 @@ __all__ = [
     "commit_checkpoint",
     "confirm_remote_upload",
     "drain_writes",
+    "release_remote_pin",
     "save_again",
     "save_in_place",
     "save_snapshot",
@@ -359,6 +360,18 @@ def write_and_report(trainable: tune.Trainable, write: Callable[[str], Any]) -> 
     finally:
         if _ray.trainable_storage(trainable) is not None:  # (without storage, outside Tune: the checkpoint)
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def release_remote_pin(trainable: tune.Trainable, result: Any) -> None:
+    """A checkpoint of the trial is whole on remote storage: the PBT donor's pin it cloned goes if it is newer
+    (:func:`tunekit._pins.release_adopted_pin`; a local checkpoint's commit does the same)."""
+    checkpoint = getattr(result, "checkpoint", None)
+    storage = _ray.trainable_storage(trainable)
+    if checkpoint is None or storage is None or isinstance(checkpoint.filesystem, pafs.LocalFileSystem):
+        return
+    match = CHECKPOINT_DIR.match(os.path.basename(checkpoint.path.rstrip("/")))
+    if match:
+        release_adopted_pin(storage.trial_fs_path, int(match[1]), checkpoint.filesystem)
 
 
 def confirm_remote_upload(result: Any) -> None:

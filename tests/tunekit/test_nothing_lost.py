@@ -401,3 +401,50 @@ def test_a_save_right_after_an_in_place_clone_is_registered_at_the_state_it_hold
     finally:
         again.stop()
     assert read_metadata(str(tmp_path / "check" / "again" / "checkpoint_000000"))["iteration"] == 6
+
+
+def test_a_pbt_clones_pin_on_s3_stays_until_the_clone_has_a_newer_checkpoint(ray_session, s3_bucket):
+    """On S3 as on local disk: the donor's pin a clone restored from stays while Ray may name it as the clone's
+    checkpoint; the clone's next complete checkpoint releases it; a restore of the pin after that (a driver
+    killed before it registered that checkpoint) takes the clone's own checkpoint since, not the donor's state."""
+    from ray.train._internal.checkpoint_manager import _TrainingResult
+
+    from tunekit import _ray
+    from tunekit.trainables import DigitsTrainable
+
+    config = {"hidden_size": 8, "steps_per_iteration": 2, "seed": 1}
+    base = s3_bucket.uri("runs")
+
+    def worker(trial):
+        return DigitsTrainable(config=dict(config), storage=_ray.storage_context(base, "exp", trial, validate=True))
+
+    donor = worker("donor")
+    try:
+        for _ in range(3):
+            donor.train()
+        donated = donor.save()
+    finally:
+        donor.stop()
+    fs = donated.checkpoint.filesystem
+    pin = pin_checkpoint(fs, donated.checkpoint.path, 3)
+    assert pin is not None
+    pinned = _TrainingResult(checkpoint=type(donated.checkpoint)(pin, filesystem=fs), metrics=donated.metrics)
+
+    exists = lambda path: fs.get_file_info(path).type == pafs.FileType.Directory  # noqa: E731
+    clone = worker("clone")
+    try:
+        clone.train()
+        clone.restore(pinned)  # the exploit
+        assert exists(pin)  # read, and kept: Ray names it as the clone's checkpoint until the next one
+        clone.train()
+        saved = clone.save()  # the clone's own checkpoint, iteration 4
+        assert not exists(pin)  # released once that checkpoint is whole
+    finally:
+        clone.stop()
+    again = worker("clone")  # Ray still named the pin (its driver never registered the save above)
+    try:
+        again.restore(pinned)
+        assert again.iteration == 4 and again.state.counters.iteration == 4
+        assert read_metadata(saved.checkpoint)["iteration"] == 4
+    finally:
+        again.stop()

@@ -199,7 +199,7 @@ def test_an_interrupted_s3_upload_is_named_interrupted_not_damage_and_gc_removes
     assert "incomplete: no manifest.json" in capsys.readouterr().out
 
 
-def test_a_save_to_s3_over_an_earlier_unregistered_attempt_commits_its_own_state(s3_bucket):
+def test_a_save_to_s3_over_an_earlier_unregistered_attempt_commits_its_own_state(ray_session, s3_bucket):
     """A worker retrying into the index Ray never registered: the earlier attempt's manifest goes before the new
     payload is uploaded, the new manifest comes last; the checkpoint is the new state, whole."""
     from tunekit import _ray, read_metadata
