@@ -46,7 +46,9 @@ from ray import tune  # noqa: E402
 
 from tunekit import FunctionSession, TorchTrainable, TrainingState, function_trainable  # noqa: E402
 
-SCENARIOS = ("one", "pbt", "pbt_function", "noreuse", "ray_pbt", "s3", "driver")
+SCENARIOS = ("one", "pbt", "pbt_function", "noreuse", "ray_pbt", "s3", "driver", "sigint", "sigterm", "two_resumes")
+#: The scenarios whose driver is a child process ended by a signal, then resumed here: the signal it sends itself.
+ENDINGS = {"driver": signal.SIGKILL, "sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "two_resumes": signal.SIGKILL}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INJECTOR: Any = None  # the killed driver's injector (the ``driver`` scenario's child)
 
@@ -129,43 +131,49 @@ def _run(scenario: str, storage: str, name: str, *, width: int, iterations: int,
 
 
 class _DieAfter(tune.Callback):
-    """A Tune callback that SIGKILLs its own driver at the ``n``-th result (only in the process it was made in:
-    Tune saves callbacks with the experiment, and the resumed driver must not die). It first prints the kills
-    ``INJECTOR`` (the driver's injector) made."""
+    """A Tune callback that sends its own driver ``sig`` (SIGKILL, or SIGINT/SIGTERM: Ctrl-C, a scheduler's
+    stop) at the ``n``-th result, once, and only in the process it was made in (Tune saves callbacks with the
+    experiment, and the resumed driver must not stop). It first prints the kills ``INJECTOR`` (the driver's
+    injector) made."""
 
-    def __init__(self, n: int) -> None:
-        self.n, self.pid, self.seen = n, os.getpid(), 0
+    def __init__(self, n: int, sig: int = signal.SIGKILL) -> None:
+        self.n, self.sig, self.pid, self.seen = n, sig, os.getpid(), 0
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         self.seen += 1
-        if self.seen >= self.n and os.getpid() == self.pid:
+        if self.seen == self.n and os.getpid() == self.pid:
             kills = INJECTOR.kills if INJECTOR is not None else []
             print(f"CHAOS-KILLS {len(kills)} {sum(k.inside_write for k in kills)} "
                   + ",".join(k.phase.replace(" ", "_") for k in kills), flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self.sig)
 
 
 def _child(argv: list[str]) -> None:
-    """The killed driver of the ``driver`` scenario: ``--child STORAGE NAME DIE_AFTER SEED WIDTH ITERATIONS
-    WRITES KILLS AIM``."""
+    """The ended driver of the ``driver``/``sigint``/``sigterm``/``two_resumes`` scenarios: ``--child STORAGE
+    NAME DIE_AFTER SEED WIDTH ITERATIONS WRITES KILLS AIM SIGNAL``."""
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))  # workers
     import ray
 
     import benchmarks.chaos as imported  # the trainable is pickled as benchmarks.chaos.Wide, not __main__'s
     from tests.support.injector import Injector
 
-    storage, name, die_after, seed, width, iterations, writes, kills, aim = argv
+    storage, name, die_after, seed, width, iterations, writes, kills, aim, sig = argv
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     imported.INJECTOR = Injector(storage, writes=float(writes), max_kills=int(kills), seed=int(seed),
                                  trainable="Wide", aim=None if aim == "anywhere" else aim)
+    stopper = imported._DieAfter(int(die_after), int(sig))
     imported._run("pbt", storage, name, width=int(width), iterations=int(iterations), injector=imported.INJECTOR,
-                  extra=(imported._DieAfter(int(die_after)),))
-    print("CHAOS-KILLS the driver was not killed: it finished", flush=True)
+                  extra=(stopper,))
+    print("CHAOS-STOPPED" if stopper.seen >= stopper.n else "CHAOS-KILLS the driver was not stopped: it finished",
+          flush=True)
 
 
-def _driver_run(local: str, name: str, run: int, args: Any, width: int) -> tuple[Any, str, list, str]:
-    """The ``driver`` scenario's run: a killed driver, then ``tunekit resume`` here. Returns the grid, the
-    experiment, the kills (driver's and resume's) and a line about the driver."""
+def _driver_run(local: str, name: str, run: int, args: Any, width: int,
+                scenario: str = "driver") -> tuple[Any, str, list, str]:
+    """A run of a scenario that ends its driver (:data:`ENDINGS`): SIGKILL, Ctrl-C or SIGTERM of a driver of
+    its own, then ``tunekit resume`` here (``two_resumes``: two at once, in processes of their own; one must
+    refuse, naming the other). Returns the grid, the experiment, the kills (driver's and resume's) and a line
+    about the driver."""
     from benchmarks.chaos import Wide as Imported
     from tests.support.injector import Injector, Kill
     from tests.support.killed import run_and_reap
@@ -175,23 +183,47 @@ def _driver_run(local: str, name: str, run: int, args: Any, width: int) -> tuple
     die_after = random.Random(run).randint(6, 4 * args.iterations - 8)
     env = {**os.environ, "PYTHONPATH": ROOT, "RAY_AUTH_MODE": "disabled"}
     done = run_and_reap([sys.executable, os.path.abspath(__file__), "--child", local, name, str(die_after), str(run),
-                         str(width), str(args.iterations), str(args.writes), str(args.kills // 2 or 1), args.aim],
+                         str(width), str(args.iterations), str(args.writes), str(args.kills // 2 or 1), args.aim,
+                         str(int(ENDINGS[scenario]))],
                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     said = [line for line in done.stdout.splitlines() if line.startswith("CHAOS-KILLS")]
-    if done.returncode != -signal.SIGKILL or not said or "not killed" in said[-1]:
-        raise SystemExit(f"driver run {run}: the driver was not killed (exit {done.returncode}):\n"
-                         + (done.stdout + done.stderr)[-3000:])
+    ended = done.returncode == -signal.SIGKILL if ENDINGS[scenario] == signal.SIGKILL else (
+        done.returncode == 0 and "CHAOS-STOPPED" in done.stdout)
+    if not ended or not said or "not stopped" in said[-1]:
+        raise SystemExit(f"{scenario} run {run}: the driver did not end as {ENDINGS[scenario].name} ends it "
+                         f"(exit {done.returncode}):\n" + (done.stdout + done.stderr)[-3000:])
     _, count, _, phases = (said[-1].split(" ") + [""])[:4]
     kills = [Kill(0.0, 0, phase.replace("_", " ")) for phase in phases.split(",") if phase][: int(count)]
     experiment = os.path.join(local, name)
+    if scenario == "two_resumes":
+        return (*_two_resumes(experiment, env, run, Imported), kills,
+                f"driver killed at result {die_after} after {len(kills)} kills, two resumes at once")
     injector = Injector(local, writes=args.writes, max_kills=args.kills - len(kills), seed=run + 1000,
                         trainable="Wide", aim=None if args.aim == "anywhere" else args.aim)
     with injector:
         summary = resume_experiment(experiment, trainable="benchmarks.chaos:Wide", stream=io.StringIO())
     grid = tune.Tuner.restore(experiment, trainable=Imported).get_results()
     return (grid, experiment, kills + injector.kills,
-            f"driver killed at result {die_after} after {len(kills)} kills, resumed: {format_counts(summary.before)} "
-            f"-> {format_counts(summary.after.counts())}")
+            f"driver {ENDINGS[scenario].name} at result {die_after} after {len(kills)} kills, resumed: "
+            f"{format_counts(summary.before)} -> {format_counts(summary.after.counts())}")
+
+
+def _two_resumes(experiment: str, env: dict[str, str], run: int, trainable: Any) -> tuple[Any, str]:
+    """Two ``tunekit resume`` processes started at once: one runs the experiment to its end, the other refuses in
+    one line naming it (the experiment's lease); anything else ends the benchmark."""
+    import subprocess
+
+    command = [sys.executable, "-m", "tunekit.cli", "resume", experiment, "--trainable", "benchmarks.chaos:Wide",
+               "--cpus", "2"]
+    procs = [subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=1800) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    refused = [err for (_, err), p in zip(outs, procs) if p.returncode == 2]
+    if codes != [0, 2] or len(refused) != 1 or "is in use" not in refused[0] or len(refused[0].strip().splitlines()) != 1:
+        raise SystemExit(f"two_resumes run {run}: expected one resume to run and one to refuse; exits {codes}:\n"
+                         + "\n".join(o + e for o, e in outs)[-3000:])
+    return tune.Tuner.restore(experiment, trainable=trainable).get_results(), experiment
 
 
 class _Nothing:
@@ -271,14 +303,16 @@ def main(argv: list[str] | None = None) -> int:
                                     aim=None if args.aim == "anywhere" else args.aim)
                 start = time.monotonic()
                 note = ""
-                if scenario == "driver":
-                    grid, experiment, kills, note = _driver_run(local, f"driver-{run}", run, args, width)
+                if scenario in ENDINGS:
+                    grid, experiment, kills, note = _driver_run(local, f"{scenario}-{run}", run, args, width,
+                                                                scenario)
                 else:
                     grid, experiment = _run(scenario, storage, f"{scenario}-{run}", width=width,
                                             iterations=args.iterations, injector=injector)
                     kills = injector.kills
                 seconds = time.monotonic() - start
-                violations = invariant_violations(experiment, grid, reference=reference if scenario == "one" else None)
+                violations = invariant_violations(experiment, grid, reference=reference if scenario == "one" else None,
+                                                  stop=args.iterations)
                 if violations and args.keep and "://" not in experiment:
                     kept = os.path.join(args.keep, f"{scenario}-{run}")
                     shutil.copytree(experiment, kept, symlinks=True, dirs_exist_ok=True)

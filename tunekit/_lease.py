@@ -72,7 +72,10 @@ def _take(experiment: Storage, command: str, record: dict[str, Any] | None) -> s
             if experiment.is_local or _read(fs, path).get("token") == token:
                 return token
         held = _read(fs, path)
-        if held.get("token") and not _stale(held, record):
+        if not held.get("token"):
+            raise ExperimentError(f"{experiment.uri}: its lease {LEASE_NAME} cannot be read; if no tunekit command "
+                                  "is running on this experiment, delete that file and try again")
+        if not _stale(held, record):
             raise ExperimentError(f"{experiment.uri} is in use: {_holder(held)}; wait for it to end, or stop it")
         try:  # stale (its holder is dead): taken over
             fs.delete_file(path)
@@ -83,13 +86,16 @@ def _take(experiment: Storage, command: str, record: dict[str, Any] | None) -> s
 
 def _create(experiment: Storage, path: str, text: str) -> bool:
     """Write the lease if none is there (exclusively on local disk)."""
-    if experiment.is_local:
+    if experiment.is_local:  # written aside, then linked into place: no reader ever sees it half-written
+        aside = f"{path}.{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        with open(aside, "w") as fh:
+            fh.write(text)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.link(aside, path)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        finally:
+            os.remove(aside)
         return True
     fs = experiment.filesystem
     if fs.get_file_info(path).type != pafs.FileType.NotFound:

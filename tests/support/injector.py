@@ -205,13 +205,16 @@ def _workers(trainable: str) -> list[int]:
     return out
 
 
-def invariant_violations(experiment: str, grid: Any = None, *, reference: dict[str, Any] | None = None) -> list[str]:
+def invariant_violations(experiment: str, grid: Any = None, *, reference: dict[str, Any] | None = None,
+                         stop: int | None = None) -> list[str]:
     """What is wrong with the experiment a run left in ``experiment``, one line each (empty: nothing lost).
 
     Args:
         grid: The run's ``ResultGrid``: each result's checkpoint must exist and verify.
         reference: Trial config key ``"seed"`` -> the state dict an uninterrupted run ended with; the
             killed run's final weights must equal it bit for bit.
+        stop: The run's ``training_iteration`` stop: each trial's last row, Ray's iteration and its newest
+            checkpoint's own state (``tunekit.json``) all end there, never past it.
     """
     from tunekit import read_state, verify_checkpoint
     from tunekit.analysis import load_results
@@ -258,6 +261,8 @@ def invariant_violations(experiment: str, grid: Any = None, *, reference: dict[s
             with contextlib.redirect_stdout(shown):
                 verified = main(["verify", experiment])
             status = main(["status", experiment])
+    if stop is not None:
+        out += _stop_violations(snap, df, grid, stop)
     if "training_iteration" in df.columns:
         dup = df.duplicated(["trial_id", "training_iteration"]).sum()
         if dup:
@@ -271,6 +276,27 @@ def invariant_violations(experiment: str, grid: Any = None, *, reference: dict[s
         out.append(f"tunekit verify exited {verified}: {' | '.join(bad)[:600]}")
     if status != 0:
         out.append(f"tunekit status exited {status}")
+    return out
+
+
+def _stop_violations(snap: Any, df: Any, grid: Any, stop: int) -> list[str]:
+    """Each trial ends at ``stop`` by every count: its last row (tunekit's rows), the read model's iteration, Ray's
+    (the grid's) and its newest checkpoint's state."""
+    from tunekit import read_metadata
+
+    out = []
+    last_rows = df.groupby("trial_id")["training_iteration"].max().to_dict() if "training_iteration" in df else {}
+    rays = {r.metrics.get("trial_id"): r for r in grid or []}
+    for trial in snap.trials:
+        newest = max(trial.checkpoints, key=lambda c: (c.iteration or 0), default=None)
+        state = read_metadata(newest.where).get("iteration") if newest is not None else None
+        ray_iteration = (rays[trial.trial_id].metrics or {}).get("training_iteration") if trial.trial_id in rays \
+            else None
+        counts = {"last row": last_rows.get(trial.trial_id), "status": trial.iterations, "state": state,
+                  **({"Ray": ray_iteration} if grid is not None else {})}
+        if any(v != stop for v in counts.values()):
+            out.append(f"{trial.trial_id}: ends at " + ", ".join(f"{k} {v}" for k, v in counts.items())
+                       + f" (stop {stop})")
     return out
 
 
