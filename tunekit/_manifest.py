@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import stat as statmod
 import sys
 from dataclasses import dataclass, field
@@ -353,8 +354,17 @@ INTERRUPTED_WRITE = (f"a write that never completed (tunekit's files without the
 
 def interrupted_write(report: CheckpointReport, location: CheckpointLocation) -> bool:
     """Whether ``report`` (of the checkpoint at ``location``) is a write that never reached its commit mark:
-    some of tunekit's files, no manifest (remote uploads put the manifest last; a retry rewrites the same name)."""
-    return report.problems == [f"no {MANIFEST_FILE}"] and is_tunekit_checkpoint(location)
+    some of tunekit's files (a multi-worker checkpoint's: a rank's part), no manifest (remote uploads put the
+    manifest last; a retry rewrites the same name; a multi-worker checkpoint's manifest over every rank's part
+    is written once they all are)."""
+    if report.problems != [f"no {MANIFEST_FILE}"]:
+        return False
+    if is_tunekit_checkpoint(location):
+        return True
+    where = locate(location)
+    names = [i.base_name for i in _storage_call(where, "list", where.filesystem.get_file_info,
+                                                pafs.FileSelector(where.path, allow_not_found=True))]
+    return any(n == "ranks.json" or re.fullmatch(r"rank-\d+", n) for n in names)
 
 
 def is_tunekit_checkpoint(location: CheckpointLocation) -> bool:

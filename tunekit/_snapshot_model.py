@@ -65,6 +65,9 @@ class CheckpointSummary:
     #: For a tunekit checkpoint without a manifest: whether Ray registered it (False: a write that never
     #: completed, not damage; None: not known, or it has its manifest).
     registered: bool | None = field(default=None, repr=False, compare=False)
+    #: A multi-worker trial's Tune checkpoint (a pointer): the path of the Train checkpoint it stands for, whose
+    #: verdict is its own; else None.
+    points_at: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def where(self) -> Any:
@@ -263,10 +266,27 @@ class ExperimentSnapshot:
             answer = (report.ok, f"{report.status}: {'; '.join(report.problems)}" if not report.ok else "good")
             if not report.ok and checkpoint.registered is False and interrupted_write(report, checkpoint.where):
                 answer = (False, f"{INTERRUPTED}: {INTERRUPTED_WRITE}")  # never best, and not damage
+            elif report.ok and checkpoint.points_at is not None:
+                answer = self._pointed_verdict(checkpoint.points_at)
         self._verdicts[checkpoint.uri] = answer
         if not answer[0] and not answer[1].startswith(INTERRUPTED):
             self.problems.append(f"checkpoint {checkpoint.uri} is {answer[1]}")
         return answer
+
+    def _pointed_verdict(self, target: str) -> tuple[bool, str]:
+        """A pointer's verdict: that of the Train checkpoint at ``target`` (every rank's part, the manifest over
+        all); one missing on storage is damage."""
+        pointed = next((c for t in self.trials for c in t.checkpoints
+                        if c.location is not None and c.location.path.rstrip("/") == target.rstrip("/")), None)
+        if pointed is None:  # (Train's storage_path elsewhere: looked for there, on the experiment's storage)
+            try:
+                there = self.storage is None or self.storage.filesystem.get_file_info(target).type.name != "NotFound"
+            except OSError:
+                there = True
+            return (True, "good") if there else (
+                False, f"incomplete: points at the multi-worker checkpoint {target}, which is missing on storage")
+        ok, why = self.verdict(pointed)
+        return (True, "good") if ok else (False, f"{why.split(':', 1)[0]}: points at {pointed.name}, which is {why}")
 
     def record_damage(self, checkpoint: CheckpointSummary, why: str) -> None:
         """A cheaper check than :meth:`verdict` found ``checkpoint`` damaged (``why``: its status and what is

@@ -290,11 +290,14 @@ def _saved(checkpoint: str) -> dict[str, Any]:
 
     from tunekit._manifest import STATE_FILE, read_metadata
     from tunekit.checkpoint import read_state
-    from tunekit.experiment_dir import POINTER_KEY
+    import pyarrow.fs as pafs
+
+    from tunekit.experiment_dir import POINTER_KEY, pointer_target
 
     flat: list[tuple[str, Any]] = []
     whole = os.path.isfile(os.path.join(checkpoint, STATE_FILE))
-    target = read_metadata(checkpoint).get(POINTER_KEY) if whole else None
+    value = read_metadata(checkpoint).get(POINTER_KEY) if whole else None
+    target = pointer_target(pafs.LocalFileSystem(), checkpoint, value) if isinstance(value, str) else None
     if isinstance(target, str):  # a multi-worker trial's: its Train checkpoint, every rank's part and shard
         flatten(read_state(target), "", flat)
         for rank in sorted(Path(target).glob("rank-*")):

@@ -187,7 +187,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 
     plan = plan_gc(args.experiment, experiment_best=args.experiment_best, trial_best=args.trial_best,
                    trial_latest=args.trial_latest, metric=args.metric, mode=args.mode, leftovers=args.leftovers,
-                   force=args.force)
+                   force=args.force, everything=args.all)
     print("\n".join(plan.lines()))
     if not args.yes:
         print("dry run: nothing deleted; run again with --yes to delete exactly this")
@@ -301,6 +301,8 @@ def _build_parser() -> _Parser:
     gc.add_argument("--leftovers", action="store_true", help="also delete interrupted writes and stale kept copies")
     gc.add_argument("--yes", action="store_true", help="delete (without it: print what would be deleted)")
     gc.add_argument("--force", action="store_true", help="even if the experiment's driver seems to be running")
+    gc.add_argument("--all", action="store_true",
+                    help="allow a selection that deletes every checkpoint of a trial (refused without it)")
     gc.set_defaults(func=_cmd_gc)
     from tunekit.check import add_parser as add_check  # (imports neither Ray nor torch)
 

@@ -26,13 +26,40 @@ from tunekit.errors import ExperimentError
 from tunekit.storage import Storage, storage_errors
 
 __all__ = ["CHECKPOINT_DIR", "CheckpointDir", "DAMAGED_COPY", "POINTER_KEY", "TRAIN_DIR", "TrialDir", "checkpoint_bytes",
-           "checkpoint_count", "checkpoint_files", "find_trials", "root_files", "scan_experiment"]
+           "checkpoint_count", "checkpoint_files", "find_trials", "pointer_target", "pointer_value", "root_files",
+           "scan_experiment"]
 
 _TRIAL_FILES = ("params.json", "result.json", "progress.csv", "error.txt")
 #: Where a multi-worker trial's Ray Train run keeps its checkpoints (:func:`tunekit.multiworker.train_trial`).
 TRAIN_DIR = "train"
-#: Metadata key of a multi-worker trial's Tune checkpoint that points at its Train checkpoint (the path).
+#: Metadata key of a multi-worker trial's Tune checkpoint that points at its Train checkpoint: a path relative to
+#: the pointer's own directory (``../train/checkpoint_<time>``), so an experiment moved or copied (another disk,
+#: S3 to local) stays whole; pointers written before 2026-12-01 hold the absolute path.
 POINTER_KEY = "train_checkpoint"
+
+
+def pointer_value(trial_path: str, target: str) -> str:
+    """What a pointer in ``trial_path`` records for the Train checkpoint ``target``: relative when ``target`` is in
+    the trial's own directory (it is unless Train's ``storage_path`` put it elsewhere), else ``target``."""
+    root = trial_path.rstrip("/") + "/"
+    return f"../{target.rstrip('/')[len(root):]}" if target.startswith(root) else target
+
+
+def pointer_target(fs: pafs.FileSystem, pointer_path: str, value: str) -> str:
+    """The path of the Train checkpoint the pointer at ``pointer_path`` names by ``value`` (:data:`POINTER_KEY`).
+
+    A relative value is taken from the pointer's directory. An absolute one (older pointers) is taken as it is
+    while it exists; once it is gone but the pointer's trial holds a Train checkpoint of the same name, that
+    one: the experiment was moved or copied since."""
+    trial_dir = posixpath.dirname(pointer_path.rstrip("/"))
+    if value.startswith("../"):
+        return posixpath.normpath(posixpath.join(trial_dir, value[3:]))
+    marker = f"/{TRAIN_DIR}/"
+    if marker in value and fs.get_file_info(value).type == pafs.FileType.NotFound:
+        moved = posixpath.join(trial_dir, TRAIN_DIR, value.rstrip("/").rsplit(marker, 1)[1])
+        if fs.get_file_info(moved).type != pafs.FileType.NotFound:
+            return moved
+    return value
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from tunekit._trial_dir import leftovers as hidden_dirs
 from tunekit._manifest import read_metadata
 from tunekit._snapshot_model import INTERRUPTED, CheckpointSummary
 from tunekit.errors import CheckpointError, ConfigError, ExperimentError
-from tunekit.experiment_dir import POINTER_KEY, TRAIN_DIR, checkpoint_bytes
+from tunekit.experiment_dir import POINTER_KEY, TRAIN_DIR, checkpoint_bytes, pointer_target
 from tunekit.record import driver_running, read_record
 from tunekit.retention import Policy, newest_first, selected
 from tunekit.snapshot import ExperimentSnapshot, read_experiment
@@ -69,6 +69,8 @@ class GcPlan:
     kept_bytes: int = 0
     #: Checkpoints that do not verify, one line each: left in place, never counted by a selection.
     damaged: list[str] = field(default_factory=list)
+    #: Trials left without any checkpoint although they had one that verifies (only with ``everything``).
+    emptied: list[str] = field(default_factory=list)
 
     @property
     def bytes(self) -> int:
@@ -85,6 +87,8 @@ class GcPlan:
                 line += f": {', '.join(d.name for d in gone)}"
             out.append(line + f"; keep {len(kept)}: {', '.join(kept) or '-'}")
         out += [f"damaged, left in place and not counted: {line}" for line in self.damaged]
+        if self.emptied:
+            out.append(f"--all: every checkpoint of {len(self.emptied)} trial(s) goes: {', '.join(self.emptied)}")
         out.append(f"{len(self.deletions)} directories, {format_bytes(self.bytes)}, to delete; "
                    f"{sum(len(k) for k in self.kept.values())} checkpoints ({format_bytes(self.kept_bytes)}) kept"
                    + (f", {len(self.damaged)} damaged left in place (`tunekit verify` says more)"
@@ -102,11 +106,16 @@ def plan_gc(
     mode: Literal["max", "min"] | None = None,
     leftovers: bool = False,
     force: bool = False,
+    everything: bool = False,
 ) -> GcPlan:
     """What ``tunekit gc`` would delete in the experiment at ``location``; nothing is deleted here.
 
+    A selection that would leave a trial none of its checkpoints while it has one that verifies (say
+    ``trial_latest=0``) is refused unless ``everything`` (``--all``), and the plan then says so per trial.
+
     Raises:
-        ConfigError: no selection, a bad count, or a ranking selection without ``metric`` and ``mode``.
+        ConfigError: no selection, a bad count, a ranking selection without ``metric`` and ``mode``, or a
+            selection that empties a trial (without ``everything``).
         ExperimentError: not an experiment, or its driver is still running (unless ``force``).
     """
     policy = Policy.checked("plan_gc", experiment_best=experiment_best, trial_best=trial_best,
@@ -150,11 +159,19 @@ def plan_gc(
                 why = "no checkpoint kept points at it" if _is_train(ckpt) else "not selected"
                 plan.deletions.append(Deletion(trial.name, ckpt.name, size, why))
         plan.kept[trial.name] = kept
+        if keep is not None and not [k for k in kept if not k.startswith(f"{TRAIN_DIR}/")] and any(
+                c.uri not in damaged and not _is_train(c) for c in trial.checkpoints):
+            plan.emptied.append(trial.name)
         if leftovers:
             for name, kind in hidden_dirs(fs, where.path):
                 if kind in _LEFTOVERS and not (kind == "pinned" and running):
                     size = directory_bytes(fs, posixpath.join(where.path, name))
                     plan.deletions.append(Deletion(trial.name, name, size, _LEFTOVERS[kind]))
+    if plan.emptied and not everything:
+        shown = ", ".join(plan.emptied[:3]) + (f" and {len(plan.emptied) - 3} more" if len(plan.emptied) > 3 else "")
+        raise ConfigError(f"gc {experiment.uri}: this selection keeps no checkpoint of {len(plan.emptied)} trial(s) "
+                          f"that have one that verifies ({shown}); keep at least one of each (--trial-latest 1), "
+                          "or add --all to delete every checkpoint of those trials")
     return plan
 
 
@@ -203,10 +220,12 @@ def _train_kept(experiment: Storage, snapshot: ExperimentSnapshot, keep: set[tup
         for ckpt in trial.checkpoints:
             if (trial.name, ckpt.name) not in keep or _is_train(ckpt):
                 continue
+            where = experiment.join(trial.name, ckpt.name)
             try:
-                target = read_metadata(experiment.join(trial.name, ckpt.name)).get(POINTER_KEY)
+                value = read_metadata(where).get(POINTER_KEY)
             except CheckpointError:
                 continue  # (damaged ones are shown as damage and kept)
+            target = pointer_target(experiment.filesystem, where.path, value) if isinstance(value, str) else None
             if isinstance(target, str) and target.startswith(root):  # (another storage_path: not ours to judge)
                 owner, _, rest = target[len(root):].rstrip("/").partition("/")
                 out.add((owner, rest))

@@ -33,7 +33,8 @@ from tunekit._manifest import manifest_sizes, size_problems
 from tunekit.checkpoint import METADATA_FILE as METADATA_NAME
 from tunekit.checkpoint import read_metadata
 from tunekit.errors import CheckpointError
-from tunekit.experiment_dir import TRAIN_DIR, TrialDir, checkpoint_files, root_files, scan_experiment
+from tunekit.experiment_dir import (POINTER_KEY, TRAIN_DIR, TrialDir, checkpoint_files, pointer_target, root_files,
+                                    scan_experiment)
 from tunekit.record import interrupted_trials, read_record
 from tunekit.results import (RESTORED_FROM_KEY, dedupe_lineage, exploits_by_trial, gc_paused, loads, parse_result_lines,
                              read_bytes, read_text, rows_lost)
@@ -225,20 +226,29 @@ def _checkpoints(
         unsupported, listed = manifest_sizes(ckpt.location)  # (tunekit.json lost, the manifest lists it: damage)
         if not meta and not isinstance(listed, dict):  # (neither file tunekit's: another writer's checkpoint)
             unsupported, listed = None, None
+        value = meta.get(POINTER_KEY)
         out.append(CheckpointSummary(ckpt.name, ckpt.location.uri, iteration, metrics, unsupported,
                                      tunekit=bool(meta) or isinstance(listed, dict),
-                                     manifest=listed, location=ckpt.location))
+                                     manifest=listed, location=ckpt.location,
+                                     points_at=pointer_target(ckpt.location.filesystem, ckpt.location.path, value)
+                                     if isinstance(value, str) else None))
     return out
 
 
 def _mark_registered(experiment: Storage, trials: list[TrialSnapshot], recorded: dict[str, Any] | None) -> None:
     """Whether Ray registered each tunekit checkpoint that has no manifest (else: a write that never completed),
-    asked only where there is one (its experiment state's checkpoint lists are read then)."""
-    unmarked = [(t, c) for t in trials for c in t.checkpoints if c.tunekit and c.manifest is None]
+    asked only where there is one (its experiment state's checkpoint lists are read then); a multi-worker
+    trial's Train checkpoint counts as registered when a Tune checkpoint points at it."""
+    unmarked = [(t, c) for t in trials for c in t.checkpoints
+                if c.manifest is None and (c.tunekit or c.name.startswith(f"{TRAIN_DIR}/"))]
     if not unmarked:
         return
+    pointed = {c.points_at.rstrip("/") for t in trials for c in t.checkpoints if c.points_at}
     registered = registered_checkpoints(experiment, recorded) or {}
     for trial, ckpt in unmarked:
+        if ckpt.name.startswith(f"{TRAIN_DIR}/"):  # (Ray Train's: Tune holds it by a pointer, or not at all)
+            ckpt.registered = ckpt.location.path.rstrip("/") in pointed
+            continue
         names = registered.get(trial.name)
         ckpt.registered = None if names is None else ckpt.name in names
 

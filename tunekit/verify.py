@@ -25,7 +25,7 @@ from tunekit.checkpoint import (
     verify_checkpoint,
 )
 from tunekit.errors import CheckpointError, TunekitError
-from tunekit.experiment_dir import POINTER_KEY, find_trials
+from tunekit.experiment_dir import POINTER_KEY, TRAIN_DIR, find_trials, pointer_target
 from tunekit.storage import Storage, resolve_storage
 
 __all__ = ["CheckpointCheck", "ExperimentCheck", "FOREIGN", "checkpoint_at", "experiment_file_problems",
@@ -76,9 +76,9 @@ class ExperimentCheck:
         return not self.problems and not any(c.bad or c.status == "unsupported" for c in self.checks)
 
     def counts(self) -> dict[str, int]:
-        out = {"good": 0, "incomplete": 0, "corrupt": 0, "unsupported": 0, "unverified": 0, "interrupted": 0}
-        for check in self.checks:
-            out[check.status] += 1
+        out = {"good": 0, "incomplete": 0, "corrupt": 0, "unsupported": 0, "unverified": 0}
+        for check in self.checks:  # ("interrupted" only when there is one: a write a kill cut short)
+            out[check.status] = out.get(check.status, 0) + 1
         return out
 
     def summary(self) -> str:
@@ -118,9 +118,10 @@ def _pointer_gone(experiment: Storage, trial: Any, target: Any) -> str | None:
     target = target.rstrip("/")
     if target in {c.location.path.rstrip("/") for c in trial.checkpoints}:
         return None
-    if not target.startswith(experiment.path.rstrip("/") + "/"):
-        return None  # Train's storage_path is elsewhere: not this experiment's storage to judge
-    if experiment.filesystem.get_file_info(target).type != pafs.FileType.NotFound:
+    try:  # (Train's storage_path elsewhere: looked for on the experiment's storage, where a copy would be)
+        if experiment.filesystem.get_file_info(target).type != pafs.FileType.NotFound:
+            return None
+    except OSError:
         return None
     return (f"points at the multi-worker checkpoint {target}, which is missing on storage: a PBT clone or a "
             "resume from it cannot start (keep every Train checkpoint a Tune checkpoint points at)")
@@ -180,22 +181,41 @@ def verify_experiment(
     found = [(trial, ckpt, is_tunekit_checkpoint(ckpt.location)) for trial in trials for ckpt in trial.checkpoints]
     any_tunekit = any(is_ours for _, _, is_ours in found)
     registered: list[Any] = []  # (Ray's registered checkpoints, read once when a checkpoint has no manifest)
+    reports: dict[str, CheckpointReport] = {}  # (a Train checkpoint is verified once: for its pointer, for itself)
+    pointed: set[str] = set()  # Train checkpoints a Tune checkpoint points at (pointers come first in a trial)
+
+    def report_of(location: Storage) -> CheckpointReport:
+        if location.path not in reports:
+            reports[location.path] = verify_checkpoint(location)
+        return reports[location.path]
+
     for trial, ckpt, is_ours in found:
-        report: CheckpointReport = verify_checkpoint(ckpt.location)
+        report: CheckpointReport = report_of(ckpt.location)
         if report.problems == [NOT_WRITTEN]:  # announced by a two-phase save: in flight, or its writer died
             check = CheckpointCheck(trial.name, ckpt.name, None, "unverified", ("being written by a live process",)) \
                 if _being_written(trial, ckpt.name) else CheckpointCheck(
                     trial.name, ckpt.name, None, "incomplete",
                     (NOT_WRITTEN, "its writer is gone: the trial restores from its newest good checkpoint"))
-        elif is_ours and interrupted_write(report, ckpt.location) and _never_registered(experiment, trial.name,
-                                                                                     ckpt.name, registered):
+        elif interrupted_write(report, ckpt.location) and (
+                ckpt.location.path.rstrip("/") not in pointed if ckpt.name.startswith(f"{TRAIN_DIR}/")
+                else _never_registered(experiment, trial.name, ckpt.name, registered)):
             check = CheckpointCheck(trial.name, ckpt.name, None, "interrupted", (INTERRUPTED_WRITE,))
         elif is_ours or any_tunekit:
             meta = _metadata(ckpt.location) if is_ours else {}
             status, problems = report.status, tuple(report.problems) if is_ours else ("no tunekit files in it",)
-            gone = _pointer_gone(experiment, trial, meta.get(POINTER_KEY)) if status == "good" else None
+            value = meta.get(POINTER_KEY)
+            target = pointer_target(experiment.filesystem, ckpt.location.path, value) if isinstance(value, str) \
+                else None
+            if target:
+                pointed.add(target.rstrip("/"))
+            gone = _pointer_gone(experiment, trial, target) if status == "good" else None
             if gone is not None:
                 status, problems = "incomplete", (gone,)
+            train = next((c for c in trial.checkpoints if target and c.location.path.rstrip("/") == target), None)
+            if status == "good" and train is not None and not report_of(train.location).ok:
+                bad = report_of(train.location)  # one checkpoint, one truth: the pointer is what it points at
+                status, problems = bad.status, (f"points at {train.name}, which is {bad.status}: "
+                                                f"{'; '.join(bad.problems)}",)
             check = CheckpointCheck(trial.name, ckpt.name, _iteration(ckpt.location, meta) if is_ours else None,
                                     status, problems)
         else:

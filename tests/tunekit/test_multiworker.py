@@ -196,7 +196,28 @@ def _restore(checkpoint: Path, workers: int, dump: Path) -> dict:
     return torch.load(dump, weights_only=True)
 
 
+def _reads_offline(experiment: Path, newest: Path, final: dict, tmp_path: Path) -> None:
+    """The FSDP2 checkpoint read on this one CPU process, no Ray Train: the full state, the best model through
+    its Tune pointer, and as a plain DCP directory that torch's own dcp_to_torch_save reads."""
+    from torch import nn
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from tunekit.analysis import load_best_model
+    from tunekit.checkpoint import export_dcp, read_full_state
+
+    full = read_full_state(str(newest))
+    assert all(torch.equal(full["models"]["model"][k], final[k]) for k in final)
+    assert full["optimizers"]["opt"]["state"] and full["counters"]["iteration"] == CONFIG["epochs"]
+    model = load_best_model(str(experiment), nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)),
+                            metric="iteration", mode="max")
+    assert all(torch.equal(model.state_dict()[k], final[k]) for k in final)
+    dcp_to_torch_save(export_dcp(str(newest), tmp_path / "dcp"), tmp_path / "full.pt")
+    exported = torch.load(tmp_path / "full.pt", weights_only=True)
+    assert all(torch.equal(exported["models"]["model"][k], final[k]) for k in final)
+
+
 def _reshards_and_falls_back(experiment: Path, checkpoints: list[Path], final: dict, tmp_path: Path, capsys) -> None:
+    _reads_offline(experiment, checkpoints[-1], final, tmp_path)
     # written by 2 workers, restored by 1: resharded, the full state equal
     on_one = _restore(checkpoints[-1], 1, tmp_path / "on-one.pt")
     assert on_one["iteration"] == CONFIG["epochs"]
@@ -381,3 +402,109 @@ def test_a_background_save_writes_the_state_of_its_copy_while_training_changes_i
             assert torch.equal(fresh.optimizers["opt"].state_dict()["state"][0]["exp_avg"].full_tensor(), moments)
     finally:
         dist.destroy_process_group()
+
+
+def _pointer_experiment(exp: Path, *, relative: bool = True, iterations: int = 3) -> Path:
+    """A multi-worker trial's directory as tunekit.multiworker leaves it: ``iterations`` Train checkpoints of two
+    ranks each (``train/``), a Tune checkpoint (pointer) for each, result rows naming them."""
+    from tunekit.multiworker.trial import write_pointer
+
+    trial = exp / "loop_abc_00000"
+    (trial / "train").mkdir(parents=True)
+    (trial / "params.json").write_text("{}")
+    rows = []
+    for i in range(1, iterations + 1):
+        target = _fake_two_rank_checkpoint(trial / "train" / f"checkpoint_2026-11-26_0{i}")
+        write_checkpoint(target, {"counters": {"iteration": i}}, metadata={"iteration": i})
+        write_pointer(str(trial / f"checkpoint_00000{i - 1}"), str(target), "loop", {}, None,
+                      trial_path=str(trial) if relative else None)
+        rows.append({"training_iteration": i, "step": i, "trial_id": "abc_00000",
+                     "checkpoint_dir_name": f"checkpoint_00000{i - 1}"})
+    (trial / "result.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return trial
+
+
+def test_a_flipped_shard_is_never_named_best_and_gc_keeps_the_newest_good_pair(tmp_path, capsys):
+    """A Tune checkpoint of a multi-worker trial is what its Train checkpoint is: a flipped byte in a shard of
+    the newest makes its pointer damaged too in every reader; `gc --trial-latest 1` keeps the newest good
+    pointer and the Train checkpoint it points at (nothing good is left to fall back to otherwise)."""
+    from tunekit.analysis import best_checkpoint
+
+    exp = tmp_path / "exp"
+    trial = _pointer_experiment(exp)
+    newest = trial / "train" / "checkpoint_2026-11-26_03"
+    flip_byte(pafs.LocalFileSystem(), str(newest / "rank-1"), "__1_0.distcp")
+
+    assert main(["status", str(exp), "--metric", "step", "--mode", "max"]) == 2
+    out = capsys.readouterr().out
+    best_line = next(line for line in out.splitlines() if line.startswith("best checkpoint"))
+    assert "checkpoint_000001" in best_line and "checkpoint_000002" not in best_line, out
+    assert main(["status", str(exp), "--metric", "step", "--mode", "max", "--json"]) == 2
+    shown = json.loads(capsys.readouterr().out)
+    assert "checkpoint_000002" not in json.dumps(shown.get("best") or shown.get("best_checkpoint"))
+    assert best_checkpoint(str(exp), metric="step", mode="max").endswith("checkpoint_000001")
+    assert main(["verify", str(exp)]) == 1
+    out = capsys.readouterr().out
+    pointer_line = next(line for line in out.splitlines() if "checkpoint_000002" in line)
+    assert "points at train/checkpoint_2026-11-26_03, which is corrupt" in pointer_line, out
+
+    assert main(["gc", str(exp), "--trial-latest", "1", "--yes"]) == 0
+    capsys.readouterr()
+    left = sorted(p.name for p in trial.iterdir() if p.name.startswith("checkpoint_")) + \
+        sorted(f"train/{p.name}" for p in (trial / "train").iterdir())
+    assert "checkpoint_000001" in left and "train/checkpoint_2026-11-26_02" in left, left
+    assert verify_checkpoint(str(trial / "train" / "checkpoint_2026-11-26_02")).ok
+
+
+@pytest.mark.parametrize("relative", [True, False], ids=["relative", "absolute (before 2026-12-01)"])
+def test_a_moved_experiment_keeps_its_pointers(tmp_path, capsys, relative):
+    """Renamed (or copied elsewhere): every pointer finds its Train checkpoint in the experiment's new place,
+    written relative or, by an older tunekit, absolute; one whose target is gone there is damage."""
+    import shutil
+
+    from tunekit.multiworker.trial import train_checkpoint_of
+
+    _pointer_experiment(tmp_path / "exp", relative=relative)
+    moved = tmp_path / "moved"
+    shutil.move(str(tmp_path / "exp"), str(moved))
+    trial = moved / "loop_abc_00000"
+    assert main(["verify", str(moved)]) == 0
+    assert "3 good" in capsys.readouterr().out.replace("6 good", "3 good")
+    assert train_checkpoint_of(str(trial / "checkpoint_000002")) == str(trial / "train" / "checkpoint_2026-11-26_03")
+    shutil.rmtree(trial / "train" / "checkpoint_2026-11-26_03")
+    assert main(["verify", str(moved)]) == 1
+    assert "checkpoint_2026-11-26_03, which is missing" in capsys.readouterr().out
+
+
+def test_an_interrupted_shard_write_is_not_damage_and_gc_leftovers_removes_it(tmp_path, capsys):
+    """A rank killed inside its write leaves a Train checkpoint with a rank's part and no manifest over all,
+    which no Tune checkpoint points at: interrupted, not damage; `gc --leftovers` removes it."""
+    exp = tmp_path / "exp"
+    trial = _pointer_experiment(exp, iterations=2)
+    cut = trial / "train" / "checkpoint_2026-11-26_09"
+    (cut / "rank-0").mkdir(parents=True)
+    write_checkpoint(cut / "rank-0", {"rng": 0}, metadata={"rank": 0})
+    assert main(["verify", str(exp)]) == 0
+    out = capsys.readouterr().out
+    assert "interrupted: a write that never completed" in next(l for l in out.splitlines() if "_09" in l), out
+    assert main(["status", str(exp)]) == 0
+    capsys.readouterr()
+    assert main(["gc", str(exp), "--leftovers", "--yes"]) == 0
+    capsys.readouterr()
+    assert not cut.exists() and (trial / "train" / "checkpoint_2026-11-26_02").exists()
+
+
+def test_more_workers_than_the_cluster_has_are_refused_in_one_line(ray_session, storage):
+    """8 workers on a 2-CPU Ray would wait forever for Train's worker group: refused at once, at
+    train_trial(...) and when a trial's config asks for them."""
+    from tunekit.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        train_trial(loop, workers=8)
+    said = str(refused.value)
+    assert "\n" not in said and "8 workers need 8 CPUs at once; the Ray cluster has 2 CPUs" in said, said
+    trainable = tune.with_resources(train_trial(loop, workers=1, cpus_per_worker=0.9), {"cpu": 0.1})
+    grid = tune.Tuner(trainable, param_space={**CONFIG, "mode": "ddp", "workers": 8},
+                      run_config=tune.RunConfig(name="too-many", storage_path=str(storage), verbose=0)).fit()
+    assert len(grid.errors) == 1
+    assert "the trial's config)(workers=8): 8 workers need 7.2 CPUs at once" in str(grid.errors[0])

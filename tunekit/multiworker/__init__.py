@@ -10,12 +10,16 @@
   ``CheckpointConfig`` frequency and at-end, callbacks' ``should_checkpoint`` and schedulers' saves each get
   a checkpoint of the iteration Tune saw (the workers wait for Tune's decision on each report).
 
+* :func:`train_checkpoint_of`: the Train checkpoint a trial's Tune checkpoint (``Result.checkpoint``) points at.
+  Read one without Ray: :func:`tunekit.checkpoint.read_full_state` (the whole state, shards gathered) and
+  :func:`tunekit.checkpoint.export_dcp` (a plain ``torch.distributed.checkpoint`` directory).
+
 See ``docs/multiworker.md``. Tested in ``tests/tunekit/test_multiworker.py``.
 """
 
 from __future__ import annotations
 
 from tunekit.multiworker.session import WorkerSession
-from tunekit.multiworker.trial import train_trial
+from tunekit.multiworker.trial import train_checkpoint_of, train_trial
 
-__all__ = ["WorkerSession", "train_trial"]
+__all__ = ["WorkerSession", "train_checkpoint_of", "train_trial"]

@@ -82,6 +82,7 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
         raise ConfigError(f"train_trial(max_failures={max_failures!r}): must be >= 0, or -1 for no limit")
     if not isinstance(lockstep, bool):
         raise ConfigError(f"train_trial(lockstep={lockstep!r}): expected True or False")
+    _check_placeable("train_trial", workers, cpus_per_worker, use_gpu)
     name = getattr(train_loop_per_worker, "__name__", "train_trial")
 
     def trial(config: dict[str, Any]) -> None:
@@ -92,6 +93,11 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
 
         from tunekit import _ray
 
+        group = config.get("workers", workers)
+        if group != workers:  # (the config's own: refused before Train waits for what it can never place)
+            if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+                raise ConfigError(f"train_trial: the trial's config says workers={group!r}; expected an integer >= 1")
+            _check_placeable("train_trial (the trial's config)", group, cpus_per_worker, use_gpu)
         filesystem, trial_path = _ray.session_trial_storage()
         run_name, run_storage, run_fs = "train", trial_path, filesystem
         if storage_path:
@@ -121,7 +127,7 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
                                  failure_config=FailureConfig(max_failures=max_failures),
                                  callbacks=[_Reporter(queue)]),
         )
-        _drive(trainer, queue, name, dict(config), run_fs, loop_config.get(LOCKSTEP_KEYS[0]))
+        _drive(trainer, queue, name, dict(config), run_fs, loop_config.get(LOCKSTEP_KEYS[0]), trial_path)
 
     trial.__name__ = trial.__qualname__ = name
     trial.__module__ = getattr(train_loop_per_worker, "__module__", __name__)
@@ -135,6 +141,23 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
     return cls
 
 
+def _check_placeable(call: str, workers: int, cpus_per_worker: float, use_gpu: bool) -> None:
+    """Refuse, in one line, a worker group the running Ray cluster can never place (Ray Train would wait for it
+    forever, warning about timeouts). Nothing is checked before Ray runs: the trial checks again."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    total = ray.cluster_resources()
+    cpus, gpus = workers * float(cpus_per_worker), workers if use_gpu else 0
+    if cpus > total.get("CPU", 0) + 1e-9 or gpus > total.get("GPU", 0):
+        have = f"{total.get('CPU', 0):g} CPUs" + (f" and {total.get('GPU', 0):g} GPUs" if use_gpu else "")
+        need = f"{cpus:g} CPUs" + (f" and {gpus} GPUs" if use_gpu else "")
+        raise ConfigError(f"{call}(workers={workers}): {workers} workers need {need} at once; the Ray cluster has "
+                          f"{have} in all, so they could never start (use fewer workers, or a smaller "
+                          "cpus_per_worker)")
+
+
 def train_checkpoint_of(checkpoint: Any) -> str | None:
     """The Train checkpoint a multi-worker trial's Tune checkpoint points at (None: not a pointer).
 
@@ -145,12 +168,15 @@ def train_checkpoint_of(checkpoint: Any) -> str | None:
 
     if checkpoint is None:
         return None
+    from tunekit.experiment_dir import pointer_target
+
     where = resolve_storage(checkpoint, filesystem=None) if isinstance(checkpoint, str) else \
         resolve_storage(checkpoint.path, filesystem=checkpoint.filesystem)
     try:
-        return read_metadata(where).get(POINTER_KEY)
+        value = read_metadata(where).get(POINTER_KEY)
     except CheckpointError:
         return None
+    return pointer_target(where.filesystem, where.path, value) if isinstance(value, str) else None
 
 
 def _set_aside_stale_snapshot(filesystem: Any, run_dir: str) -> None:
@@ -235,9 +261,11 @@ def _stop_train_run() -> None:
         logger.warning("tunekit: could not stop the trial's Train run: %s", exc)
 
 
-def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesystem: Any, decisions: Any) -> None:
+def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesystem: Any, decisions: Any,
+           trial_path: str | None = None) -> None:
     """Run ``trainer`` on a thread; report what it reports to Tune (with a pointer checkpoint); its error.
-    ``decisions``: the actor through which its workers wait for Tune's decisions (lockstep), else None."""
+    ``decisions``: the actor through which its workers wait for Tune's decisions (lockstep), else None.
+    ``trial_path``: the trial's directory on its storage (pointers into it are relative)."""
     from ray import tune
 
     from tunekit import _ray
@@ -280,7 +308,7 @@ def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesyst
         else:
             metrics["checkpoint_path"] = path  # as Ray's TuneReportCallback reports it
             with tempfile.TemporaryDirectory(prefix="tunekit-pointer-") as pointer:
-                write_pointer(pointer, path, name, config, filesystem)
+                write_pointer(pointer, path, name, config, filesystem, trial_path=trial_path)
                 _ray.report_with_checkpoint(metrics, pointer)  # (into an index no earlier worker used)
         decide("go")  # Tune has moved on (it saved first if it wanted to): so do the workers
     thread.join()
@@ -290,14 +318,19 @@ def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesyst
         raise outcome["error"]
 
 
-def write_pointer(directory: str, path: str, name: str, config: dict[str, Any], filesystem: Any) -> None:
+def write_pointer(directory: str, path: str, name: str, config: dict[str, Any], filesystem: Any, *,
+                  trial_path: str | None = None) -> None:
+    """Write into ``directory`` the Tune checkpoint that points at the Train checkpoint ``path`` (relative to the
+    pointer when both are in ``trial_path``, the trial's directory: see :data:`POINTER_KEY`)."""
     from tunekit._manifest import read_metadata
     from tunekit.checkpoint import write_checkpoint
+    from tunekit.experiment_dir import pointer_value
     from tunekit.storage import resolve_storage
 
     try:
         iteration = read_metadata(resolve_storage(path, filesystem=filesystem)).get("iteration")
     except CheckpointError:
         iteration = None  # not a tunekit checkpoint (a loop reporting its own): the pointer says so
-    meta = {POINTER_KEY: path, "trainable": name, "config": config, "iteration": iteration}
-    write_checkpoint(directory, {POINTER_KEY: path}, metadata=meta, durable=False)
+    value = pointer_value(trial_path, path) if trial_path else path
+    meta = {POINTER_KEY: value, "trainable": name, "config": config, "iteration": iteration}
+    write_checkpoint(directory, {POINTER_KEY: value}, metadata=meta, durable=False)
