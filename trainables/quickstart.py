@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -219,13 +220,13 @@ def _summarize(experiment: Any, wall: float, out: TextIO) -> QuickstartSummary:
         print(f"best checkpoint: {summary.best_checkpoint}", file=out)
     else:
         print("best checkpoint: none yet (the run stopped before the first checkpoint)", file=out)
+    quoted = shlex.quote(summary.experiment_path)  # (pasted into a shell as printed: spaces, S3 options)
     if snapshot.interrupted:
         print(f"interrupted after {wall:.1f}s: {len(snapshot.interrupted)} trial(s) did not finish; "
-              f"`tunekit resume {summary.experiment_path}` continues them", file=out)
+              f"`tunekit resume {quoted}` continues them", file=out)
     else:
         print(f"finished in {wall:.1f}s; experiment at {summary.experiment_path}", file=out)
-    print(f"next: tunekit status {summary.experiment_path} --metric {METRIC} --mode max; "
-          f"tunekit report {summary.experiment_path}", file=out)
+    print(f"next: tunekit status {quoted} --metric {METRIC} --mode max; tunekit report {quoted}", file=out)
     print("your own trainable: tunekit check my_module:MyTrainable --config '{...}' proves it resumes "
           "bit-exactly (or names what breaks it)", file=out, flush=True)
     return summary

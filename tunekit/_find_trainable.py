@@ -16,7 +16,7 @@ from typing import Any
 
 from tunekit._pickles import pickle_globals, read_tuner_pickle
 from tunekit.checkpoint import read_metadata
-from tunekit.errors import CheckpointError, ConfigError
+from tunekit.errors import CheckpointError, ConfigError, first_line
 from tunekit.snapshot import ExperimentSnapshot
 from tunekit.storage import Storage
 
@@ -47,6 +47,12 @@ def import_trainable(spec: str) -> Any:
         if moved is None:
             raise ConfigError(f"trainable {spec!r}: cannot import {module_name} ({exc})") from None
         obj = importlib.import_module(moved)
+    except SyntaxError as exc:  # the user's module does not parse: where
+        raise ConfigError(f"trainable {spec!r}: {module_name} does not parse: {exc.msg} "
+                          f"({exc.filename}, line {exc.lineno})") from None
+    except Exception as exc:  # noqa: BLE001 - whatever the module raises at import is the user's code's error
+        raise ConfigError(f"trainable {spec!r}: importing {module_name} raised {type(exc).__name__}: "
+                          f"{first_line(exc)}") from None
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)

@@ -239,11 +239,29 @@ class ExperimentSnapshot:
                  if as_number(v) is not None and k not in RAY_KEYS}
         return sorted(names)
 
+    def not_finite(self, metric: str) -> int:
+        """How many trials reported ``metric`` only as NaN or an infinity (never ranked: see :meth:`no_metric`)."""
+        def finite_never(trial: TrialSnapshot) -> bool:
+            values = [row[metric] for row in (trial.results or [trial.last_result]) if metric in row]
+            return bool(values) and all(as_number(v) is None and isinstance(v, (float, type(None))) for v in values)
+
+        return sum(finite_never(t) for t in self.trials)
+
+    def no_metric(self, metric: str) -> str:
+        """Why no trial can be ranked by ``metric``: it was never reported, or only as NaN."""
+        bad = self.not_finite(metric)
+        if bad:
+            return (f"every value of {metric!r} the trials reported is NaN or infinite ({bad} trial(s)): "
+                    "nothing to rank by")
+        return f"no trial reported {metric!r}"
+
     def check_metric(self, call: str, metric: str) -> None:
         """Raise ConfigError naming the known metrics when no trial reported ``metric``."""
         from tunekit.errors import ConfigError
 
         known = self.metrics()
+        if metric not in known and self.not_finite(metric):
+            raise ConfigError(f"{call}: {self.no_metric(metric)}")
         if known and metric not in known:
             shown = ", ".join(known[:15]) + (", ..." if len(known) > 15 else "")
             raise ConfigError(f"{call}: no trial reported metric {metric!r}; the trials reported: {shown}")
@@ -260,7 +278,7 @@ class ExperimentSnapshot:
         if checkpoint.unsupported:
             answer = (False, f"unsupported: {checkpoint.unsupported}")
         elif not checkpoint.tunekit and not any(c.tunekit for t in self.trials for c in t.checkpoints):
-            answer = (True, "not a tunekit checkpoint: not verified")
+            answer = (True, "not a tunekit checkpoint")
         else:
             report = verify_checkpoint(checkpoint.where)
             answer = (report.ok, f"{report.status}: {'; '.join(report.problems)}" if not report.ok else "good")

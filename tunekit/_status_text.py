@@ -7,6 +7,7 @@ Tested in ``tests/tunekit/test_snapshot.py`` and ``tests/tunekit/test_readers_tr
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from tunekit.experiment_dir import TRAIN_DIR, checkpoint_count
@@ -84,18 +85,19 @@ def print_snapshot(snapshot: Any, metric: str | None, mode: str | None, sizes: d
     if metric and mode:
         best = snapshot.best_checkpoint(metric, mode)
         if best is None:
-            print(f"no trial reported {metric!r}")
+            print(snapshot.no_metric(metric))
         else:
             for line in best.skipped:
                 print(f"note: passed over as best, it does not verify: {line}")
             value = "-" if best.value is None else _short(best.value)
             print(f"best trial for {metric} ({mode}): {best.trial_id} {metric}={value}")
             if best.checkpoint is not None:
-                print(f"best checkpoint: {best.checkpoint.uri} (verified)")
+                why = snapshot.verdict(best.checkpoint)[1]
+                print(f"best checkpoint: {best.checkpoint.uri} ({'verified' if why == 'good' else 'unverified: ' + why})")
             else:
                 print("best checkpoint: none that verifies")
     if snapshot.interrupted:
         print(f"interrupted: the run stopped before {len(snapshot.interrupted)} trial(s) finished (Ctrl-C, SIGTERM or "
-              f"a killed driver); `tunekit resume {snapshot.location}` continues them")
+              f"a killed driver); `tunekit resume {shlex.quote(snapshot.location)}` continues them")
     for problem in snapshot.problems:
         print(f"damaged: {problem}")

@@ -124,7 +124,10 @@ def plan_gc(
         raise ConfigError("say what to keep: --experiment-best N, --trial-best N and/or --trial-latest N "
                           "(or --leftovers alone)")
     experiment = resolve_storage(location)
-    record, _ = read_record(experiment.filesystem, experiment.path)
+    record, record_problem = read_record(experiment.filesystem, experiment.path)
+    if record is None and record_problem and not record_problem.startswith("no ") and not force:
+        raise ExperimentError(f"{experiment.uri}: {record_problem}, so gc cannot tell whether the run's driver is "
+                              "still running and needs what it would delete (--force deletes anyway)")
     running = driver_running(record) if record else None
     if running and not force:
         raise ExperimentError(f"{experiment.uri} is in use: {running}; deleting now could take what it needs "

@@ -346,10 +346,13 @@ def finish(owner: Any, trials: Iterable[Any]) -> None:
     del _RUNS[id(trials)]
 
 
-def interrupted_trials(fs: pafs.FileSystem, experiment_path: str, trials: list[Any]) -> list[str]:
+def interrupted_trials(fs: pafs.FileSystem, experiment_path: str, trials: list[Any],
+                       record: dict[str, Any] | None = None) -> list[str]:
     """Trials (read-model ``TrialSnapshot``s) left unfinished by a run that stopped: none while the record's driver
-    runs, or without a record. Those Tune marked TERMINATED as the run stopped get the status INTERRUPTED."""
-    record, _ = read_record(fs, experiment_path)
+    runs, or without a record (``record``: read already). Those Tune marked TERMINATED as the run stopped get the
+    status INTERRUPTED."""
+    if record is None:
+        record, _ = read_record(fs, experiment_path)
     if record is None or driver_running(record):
         return []
     named = set(record.get("interrupted") or [])

@@ -277,8 +277,10 @@ def write_report(
     if best is None or best.checkpoint is None:
         best_html = f"<p>No checkpoint that verifies records {html.escape(metric)}.</p>"
     else:
+        why = snapshot.verdict(best.checkpoint)[1]
+        said = "that verifies" if why == "good" else f"(unverified: {html.escape(why)})"
         best_html = (
-            f"<p>The best checkpoint that verifies (what <code>tunekit status --metric --mode</code> names): "
+            f"<p>The best checkpoint {said} (what <code>tunekit status --metric --mode</code> names): "
             f"trial <b>{html.escape(best.trial_id)}</b>, {html.escape(metric)} = "
             f"{'?' if best.value is None else f'{best.value:.4g}'} ({mode}), iteration {best.checkpoint.iteration}"
             f"<br>config: {html.escape(_fmt(best.trial.config))}"

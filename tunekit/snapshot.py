@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from typing import Any
+from typing import Any, Iterable
 
 from tunekit._checks import as_number
 from tunekit._manifest import manifest_sizes, size_problems
@@ -130,11 +130,24 @@ def registered_checkpoints(experiment: Storage, recorded: dict[str, Any] | None 
     return out
 
 
-def read_state_problems(experiment: Storage) -> list[str]:
-    """The experiment state's damage, one line each (empty when the newest one is whole)."""
+def read_state_problems(experiment: Storage, trial_dirs: Iterable[str] | None = None) -> list[str]:
+    """The experiment state's damage, one line each (empty when the newest one is whole); given the trial
+    directories storage holds (``trial_dirs``), also each trial the state names as started whose directory is
+    gone."""
     problems: list[str] = []
-    _read_state(experiment, problems, [])
+    _, state = _read_state(experiment, problems, [])
+    if trial_dirs is not None:
+        problems += _missing_dirs(_trials_from_state(state, [], runtimes=False), set(trial_dirs))
     return problems
+
+
+def _missing_dirs(recorded: dict[str, Any], present: set[str]) -> list[str]:
+    """A line for each trial of the experiment state that had started (Ray makes its directory then) and whose
+    directory storage lacks: its results and checkpoints are lost."""
+    return [f"trial {entry['trial'].get('trial_id') or key} ({entry['trial'].get('status')}): its directory {key} "
+            "is missing on storage (the experiment state names it; its results and checkpoints are gone)"
+            for key, entry in recorded.items()
+            if key not in present and str(entry["trial"].get("status") or "PENDING") != "PENDING"]
 
 
 def _trials_from_state(state: dict[str, Any], problems: list[str], *, runtimes: bool = True) -> dict[str, Any]:
@@ -398,7 +411,8 @@ def _read_experiment(experiment: Storage, results: bool) -> ExperimentSnapshot:
                 tag=_tag(trial, trial_dir.name),
             )
         )
-    for key, entry in recorded.items():  # trials that never got a directory
+    problems += _missing_dirs(recorded, seen)
+    for key, entry in recorded.items():  # trials that never got a directory (or lost it)
         if key in seen:
             continue
         trial, runtime = entry["trial"], entry["runtime"]
@@ -424,7 +438,11 @@ def _read_experiment(experiment: Storage, results: bool) -> ExperimentSnapshot:
     trials.sort(key=lambda t: t.trial_id)
     _mark_registered(experiment, trials, recorded if results else None)
     exploits = read_exploits(experiment, trial_tags(trials), files)
-    interrupted = interrupted_trials(experiment.filesystem, experiment.path, trials)
+    record, record_problem = read_record(experiment.filesystem, experiment.path)
+    if record is None and record_problem and not record_problem.startswith("no "):  # (there, but unreadable)
+        problems.append(f"{record_problem}: tunekit's record of the run (its trials' ends, its driver) is lost; "
+                        "`tunekit gc` refuses without it")
+    interrupted = interrupted_trials(experiment.filesystem, experiment.path, trials, record) if record else []
     clones = exploits_by_trial(exploits)
     for t in (t for t in trials if t.results):  # (no rows, none lost)
         t.missing_iterations = rows_lost([r.get("training_iteration") for r in t.results],

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import io
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
-from tunekit.errors import CheckpointError, ConfigError
+from tunekit.errors import CheckpointError, ConfigError, first_line
 from tunekit.rng import capture_rng, restore_rng
 
 __all__ = ["Counters", "StateBuffers", "Stateful", "TrainingState", "to_cpu"]
@@ -155,6 +156,10 @@ class TrainingState:
                 "TrainingState(models=...): must be a non-empty dict of name -> "
                 "torch.nn.Module"
             )
+        for group in ("optimizers", "schedulers", "extras"):
+            if not isinstance(getattr(self, group), dict):
+                raise ConfigError(f"TrainingState({group}=...): expected a dict of name -> object, got "
+                                  f"{type(getattr(self, group)).__name__}")
         for group, kind in (
             ("models", torch.nn.Module),
             ("optimizers", torch.optim.Optimizer),
@@ -165,6 +170,26 @@ class TrainingState:
                         f"TrainingState({group}[{name!r}]): expected a "
                         f"{kind.__module__}.{kind.__qualname__}, got {type(obj).__name__}"
                     )
+        for where, obj in [*((f"schedulers[{k!r}]", v) for k, v in self.schedulers.items()),
+                           *((("scaler", self.scaler),) if self.scaler is not None else ()),
+                           *((("data", self.data),) if self.data is not None else ())]:
+            if not all(callable(getattr(obj, m, None)) for m in ("state_dict", "load_state_dict")):
+                raise ConfigError(f"TrainingState({where}): expected an object with state_dict() and "
+                                  f"load_state_dict() (a torch LR scheduler, a GradScaler, a resumable data "
+                                  f"stream), got {type(obj).__name__}")
+        if not isinstance(self.counters, Counters):
+            raise ConfigError(f"TrainingState(counters=...): expected a tunekit.state.Counters, got "
+                              f"{type(self.counters).__name__} (the iteration is counted for you)")
+        for name, value in self.extras.items():  # saved in state.pt, read back weights_only: said now, not later
+            try:
+                buffer = io.BytesIO()
+                torch.save(value, buffer)
+                buffer.seek(0)
+                torch.load(buffer, weights_only=True)
+            except Exception as exc:  # noqa: BLE001 - what pickling raises varies by object
+                raise ConfigError(f"TrainingState(extras[{name!r}]): cannot be saved in a checkpoint "
+                                  f"({type(exc).__name__}: {first_line(exc)}); expected plain data (numbers, "
+                                  "strings, lists, dicts, tensors)") from None
 
     @property
     def model(self) -> torch.nn.Module:

@@ -232,7 +232,7 @@ def verify_experiment(
         result.checks.append(check)
         if on_check is not None:
             on_check(check)
-    result.problems.extend(experiment_file_problems(experiment))
+    result.problems.extend(experiment_file_problems(experiment, [t.name for t in trials]))
     result.problems.extend(result_file_problems(experiment, trials))
     return result
 
@@ -287,16 +287,21 @@ def _registered_checks(experiment: Storage, trials: list[Any]) -> list[Checkpoin
     return out
 
 
-def experiment_file_problems(experiment: Storage) -> list[str]:
+def experiment_file_problems(experiment: Storage, trial_dirs: list[str] | None = None) -> list[str]:
     """Damage to Ray's own files of the experiment (``tuner.pkl``, experiment state, search algorithm and
-    callback state), read as data only."""
+    callback state), read as data only; given the trial directories found, a started trial's missing one."""
     from tunekit._pickles import driver_state_damage, tuner_pickle_problem
     from tunekit.snapshot import read_state_problems
 
     torn = tuner_pickle_problem(experiment)
     problems = [f"{torn}; `tunekit resume` can still continue the trials"] if torn else []
     driver = driver_state_damage(experiment)
-    return problems + ([driver] if driver else []) + read_state_problems(experiment)
+    from tunekit.record import read_record
+
+    record, record_problem = read_record(experiment.filesystem, experiment.path)
+    if record is None and record_problem and not record_problem.startswith("no "):  # (there, but unreadable)
+        problems.append(f"{record_problem}: tunekit's record of the run is lost")
+    return problems + ([driver] if driver else []) + read_state_problems(experiment, trial_dirs)
 
 
 #: Hidden copies of whole checkpoints (``tunekit._trial_dir.leftovers``' kinds) and what each is.

@@ -186,3 +186,69 @@ def test_without_rays_loggers_the_readers_read_the_parquet_rows(exp, capsys):
     assert main(["status", str(exp)]) == 0
     out = capsys.readouterr().out
     assert "lacks" not in out and "damaged" not in out
+
+
+def _tree(root: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_gc_that_would_keep_nothing_of_a_trial_is_refused_unless_all(exp, capsys):
+    before = _tree(exp)
+    assert main(["gc", str(exp), "--trial-latest", "0", "--yes"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "keeps no checkpoint of 4 trial(s) that have one that verifies" in err, err
+    assert "--all" in err and _tree(exp) == before  # nothing changed
+    assert main(["gc", str(exp), "--trial-latest", "0", "--all"]) == 0
+    assert "--all: every checkpoint of 4 trial(s) goes" in capsys.readouterr().out and _tree(exp) == before
+
+
+def test_a_trial_directory_deleted_by_hand_is_damage_in_every_reader(exp, capsys):
+    trial = read_experiment(str(exp)).trials[1]
+    shutil.rmtree(exp / trial.name)
+    assert main(["status", str(exp)]) == 2
+    assert f"its directory {trial.name} is missing on storage" in capsys.readouterr().out
+    assert main(["verify", str(exp)]) == 1
+    assert f"its directory {trial.name} is missing on storage" in capsys.readouterr().out
+
+
+def test_a_damaged_record_is_named_and_gc_refuses_without_its_guard(exp, capsys):
+    before = _tree(exp)
+    (exp / RECORD_NAME).write_text("{garbage")
+    before[RECORD_NAME] = _tree(exp)[RECORD_NAME]
+    assert main(["status", str(exp)]) == 2
+    assert f"{RECORD_NAME} is damaged" in capsys.readouterr().out
+    assert main(["verify", str(exp)]) == 1
+    assert f"{RECORD_NAME} is damaged" in capsys.readouterr().out
+    assert main(["gc", str(exp), "--trial-latest", "1", "--yes"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot tell whether the run's driver is still running" in err and len(err.strip().splitlines()) == 1
+    assert _tree(exp) == before
+
+
+def _reports_nan(config):
+    for _ in range(2):
+        tune.report({"loss": float("nan")})
+
+
+def test_a_metric_reported_only_as_nan_is_said_so(ray_session, tmp_path, capsys):
+    tune.Tuner(_reports_nan, run_config=tune.RunConfig(name="nan", storage_path=str(tmp_path), verbose=0)).fit()
+    main(["status", str(tmp_path / "nan"), "--metric", "loss", "--mode", "min"])
+    out = capsys.readouterr()
+    said = out.out + out.err
+    assert "every value of 'loss' the trials reported is NaN or infinite (1 trial(s))" in said, said
+
+
+@pytest.mark.parametrize("source, said", [
+    ("def broken(:\n", "does not parse: invalid syntax"),
+    ("raise RuntimeError('no GPU here')\n", "importing mod_raises raised RuntimeError: no GPU here"),
+], ids=["syntax error", "raises at import"])
+def test_check_of_a_module_that_cannot_be_imported_is_one_line_exit_2(tmp_path, monkeypatch, capsys, source, said):
+    name = "mod_raises" if "raise" in source else "mod_broken"
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", f"{name}:Thing"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and said in err, err

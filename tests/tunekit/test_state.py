@@ -106,6 +106,24 @@ def test_state_requires_models():
         TrainingState(models={"m": "not a module"})
 
 
+@pytest.mark.parametrize("parts, named", [
+    ({"schedulers": {"s": "cosine"}}, r"TrainingState\(schedulers\['s'\]\): expected an object with state_dict"),
+    ({"data": [1, 2, 3]}, r"TrainingState\(data\): expected an object with state_dict\(\) and load_state_dict"),
+    ({"counters": {"iteration": 3}}, r"TrainingState\(counters=...\): expected a tunekit.state.Counters, got dict"),
+    ({"extras": {"f": lambda: 1}}, r"TrainingState\(extras\['f'\]\): cannot be saved in a checkpoint"),
+    ({"optimizers": "list"}, r"TrainingState\(optimizers=...\): expected a dict of name -> object, got list"),
+], ids=["scheduler", "data", "counters", "extras", "optimizers"])
+def test_a_part_that_cannot_be_saved_is_refused_when_the_state_is_built(parts, named):
+    """Said in one line where the state is built, not after an iteration at the trial's first save."""
+    model = torch.nn.Linear(2, 1)
+    if parts.get("optimizers") == "list":
+        parts = {"optimizers": [torch.optim.SGD(model.parameters(), lr=0.1)]}
+    with pytest.raises(ConfigError, match=named) as refused:
+        TrainingState(models={"m": model}, **parts)
+    assert "\n" not in str(refused.value)
+    TrainingState(models={"m": model}, extras={"n": 1, "t": torch.ones(2), "l": [1.0, "a"]})  # plain data: fine
+
+
 def _state(device="cpu"):
     model = torch.nn.Linear(4, 2).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=0.1)

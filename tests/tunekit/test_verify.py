@@ -126,6 +126,10 @@ def test_verify_marks_foreign_checkpoints_unverified(ray_session, storage, capsy
     assert main(["verify", str(storage / "plain")]) == 0
     out = capsys.readouterr().out
     assert out.count("unverified: not a tunekit checkpoint") == 2 and "2 unverified" in out
+    # every reader says the same of them: never "verified"
+    assert main(["status", str(storage / "plain"), "--metric", "i", "--mode", "max"]) == 0
+    out = capsys.readouterr().out
+    assert "(unverified: not a tunekit checkpoint)" in out and "(verified)" not in out, out
 
 
 def test_s3_outage_during_a_run_loses_nothing(ray_session, s3_bucket, storage):
