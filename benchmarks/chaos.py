@@ -1,4 +1,4 @@
-"""Nothing lost under real failures (issue 36): real Tune runs whose workers are SIGKILLed inside checkpoint
+"""Nothing lost under real failures: real Tune runs whose workers are SIGKILLed inside checkpoint
 writes, then one invariant check of what each run left.
 
 Each run trains a wide MLP (``--mb`` of weights; checkpoints twice that with the momentum buffers), a
@@ -18,7 +18,11 @@ is written and uploaded before it returns, so there is no write in flight to aim
 killed at random, at exponential intervals of mean ``--mean-s``), ``driver`` (``pbt`` in a driver process
 of its own, with its own Ray, whose workers are killed inside writes as in ``pbt`` and which SIGKILLs itself
 after a seeded number of results; then ``tunekit resume`` continues it here, its workers again killed
-inside writes, and the invariants are checked on what the two drivers left).
+inside writes, and the invariants are checked on what the two drivers left), ``sigint`` and ``sigterm`` (the
+same, the driver ended by Ctrl-C or SIGTERM at a seeded result: Tune stops gracefully, then ``tunekit
+resume``), ``two_resumes`` (a killed driver, then two ``tunekit resume`` processes at once: one runs the
+experiment to its end, the other refuses in one line naming it). Every trial must end at its stop by its last
+row, Ray's iteration, the read model's and its newest checkpoint's own.
 
     python benchmarks/chaos.py --runs 5                     # the whole matrix
     python benchmarks/chaos.py --scenarios pbt --runs 2     # one scenario

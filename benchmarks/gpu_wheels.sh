@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare what benchmarks/gpu_checks.sh needs on a GPU machine that has Python 3.12, torch, pytest and the
-# scientific stack but no network and no Ray (the lent device of this project's sessions): Ray's wheel for
+# scientific stack but no network and no Ray (the lent GPU machine): Ray's wheel for
 # cp312, repacked without what tunekit never loads (its Java jars, RLlib, Serve, LLM, the dashboard's source
 # maps: 76 MB -> 26 MB as .tar.xz, under the device's 64 MiB), and the wheels Ray and tunekit need beside it.
 #

@@ -1,4 +1,4 @@
-"""The checkpoint interval under real failures (issue 38): fixed intervals against CheckpointAutopilot.
+"""The checkpoint interval under real failures: fixed intervals against CheckpointAutopilot.
 
 One trial with a known iteration time (``--iter-s`` of sleep: the training) and a real checkpoint cost
 (``--mb`` of weights written by ``save()``, background saves off, so what the save costs is what training

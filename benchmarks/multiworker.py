@@ -1,4 +1,4 @@
-"""Multi-worker checkpoints (issue 37): what a save costs each rank, against the anchors, in the same run.
+"""Multi-worker checkpoints: what a save costs each rank, against the anchors, in the same run.
 
 Two gloo ranks on CPU (``torch.multiprocessing``), an MLP sharded with FSDP2 ``fully_shard`` and AdamW
 (``--mb`` of weights; the optimizer's two moments make the state three times that). Each rank, per save:

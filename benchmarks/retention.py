@@ -1,6 +1,6 @@
 """Benchmark: what ``KeepCheckpoints`` costs a PBT sweep, against the same sweep keeping every checkpoint.
 
-The sweep of issue 28's acceptance: 8 trials x 16 iterations, PBT
+The sweep the retention policy was accepted on: 8 trials x 16 iterations, PBT
 (:func:`tunekit.pbt_setup`) perturbing and checkpointing every 2 iterations,
 trials side by side on all CPUs. Each trial is a :class:`tunekit.TorchTrainable`
 with ``--model-mb`` MiB of weights and ``--step-ms`` of matrix products per

@@ -11,6 +11,8 @@ import base64
 import html
 import io
 import os
+import shutil
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -237,6 +239,25 @@ def write_report(
         Path(experiment.path) / "tunekit_report" if experiment.is_local else Path(f"tunekit_report_{snapshot.name}")
     )
     _check_output(out)
+    staging: Path | None = None
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=".tunekit_report.tmp-", dir=out))  # (moved into place at the end)
+        summary = _write(experiment, snapshot, df, metric, mode, out, staging, plt)
+        for path in sorted(staging.iterdir(), key=lambda p: p.name == "index.html"):  # the page last
+            os.replace(path, out / path.name)
+        (out / REPORT_MARKER).write_text("written by tunekit report\n")
+    except OSError as exc:  # a full disk, a lost mount: the report there before stays whole
+        raise ConfigError(f"cannot write the report into {out} ({exc.strerror or type(exc).__name__}); "
+                          "the report there before is unchanged") from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    return summary
+
+
+def _write(experiment: Storage, snapshot: ExperimentSnapshot, df: pd.DataFrame, metric: str,
+           mode: Literal["max", "min"], out: Path, staging: Path, plt: Any) -> ReportSummary:
+    """Write the report's files into ``staging``; the summary names them as they will be in ``out``."""
     best = snapshot.best_checkpoint(metric, mode)
     lineage = pbt_lineage(experiment, results=df, snapshot=snapshot)
     params = hyperparameters(df)
@@ -244,10 +265,9 @@ def write_report(
     sections: list[str] = []
 
     def figure(name: str, fig: Any, title: str, note: str = "") -> None:
-        path = out / f"{name}.png"
-        data = _png(fig, path)
+        data = _png(fig, staging / f"{name}.png")
         plt.close(fig)
-        images.append(path)
+        images.append(out / f"{name}.png")
         sections.append(
             f"<h2>{html.escape(title)}</h2>{note}<img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>"
         )
@@ -328,9 +348,8 @@ def write_report(
         + "".join(sections)
         + "<p class='muted'>Written by tunekit report.</p></body></html>"
     )
-    index = out / "index.html"
-    index.write_text(page)
-    return ReportSummary(index, images, metric, mode, best, list(snapshot.problems))
+    (staging / "index.html").write_text(page)
+    return ReportSummary(out / "index.html", images, metric, mode, best, list(snapshot.problems))
 
 
 def _banner(problems: list[str]) -> str:
@@ -341,8 +360,22 @@ def _banner(problems: list[str]) -> str:
             f"(<code>tunekit verify</code> checks every checkpoint):<ul>{items}</ul></div>")
 
 
+#: The file that marks a directory as holding tunekit's report (a later report may replace it).
+REPORT_MARKER = ".tunekit-report"
+
+
 def _check_output(out: Path) -> None:
-    """Create ``out`` or raise ConfigError in one line: a report never writes over a file."""
+    """Create ``out`` or raise ConfigError in one line: a report writes only into a directory it made or one
+    that holds an earlier report of its own (:data:`REPORT_MARKER`, or an ``index.html`` tunekit wrote), never
+    over a file or a directory of the user's."""
+    if out.is_dir() and not (out / REPORT_MARKER).exists():
+        index = out / "index.html"
+        ours = index.is_file() and "Written by tunekit report." in index.read_text(errors="replace")
+        theirs = [p.name for p in out.iterdir() if not p.name.startswith(".tunekit_report")]
+        if theirs and not ours:
+            raise ConfigError(f"--output {out}: holds files tunekit did not write ({', '.join(sorted(theirs)[:3])}"
+                              f"{', ...' if len(theirs) > 3 else ''}); expected a new or empty directory, or one "
+                              "holding an earlier tunekit report (nothing was written)")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".tunekit_report_probe"

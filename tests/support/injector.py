@@ -1,5 +1,5 @@
 """A failure injector for real Tune runs: SIGKILLs of trial workers inside checkpoint writes or at random,
-and one invariant check of what a run left (issue 36). ``benchmarks/chaos.py`` runs the long matrix on it;
+and one invariant check of what a run left. ``benchmarks/chaos.py`` runs the long matrix on it;
 ``tests/trainables/test_chaos.py`` a suite-sized run.
 
 The injector is a thread in the driver. It watches the experiment's trial directories: a two-phase save

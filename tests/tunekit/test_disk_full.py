@@ -101,3 +101,26 @@ def test_a_full_disk_under_parquet_logger_stops_the_logger_not_the_run(ray_sessi
 
     rows = pq.read_table(str(results)).to_pylist()  # what it wrote before the disk filled is whole
     assert [r["training_iteration"] for r in rows] == list(range(1, len(rows) + 1)) and rows
+
+
+def test_report_onto_a_full_disk_says_so_in_one_line_and_keeps_the_old_report(quickstart_experiment, small_disk,
+                                                                             capsys):
+    from tunekit.cli import main
+
+    out = small_disk / "report"
+    assert main(["report", str(quickstart_experiment), "--output", str(out)]) == 0
+    old = (out / "index.html").read_bytes()
+    capsys.readouterr()
+    with open(small_disk / "filler", "wb") as fh:  # the disk full to the last byte
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+    assert main(["report", str(quickstart_experiment), "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("reading ") and len(err) == 2, err  # its progress line, then the one error line
+    assert "cannot write the report into" in err[1] and "No space left" in err[1] and "unchanged" in err[1], err
+    assert (out / "index.html").read_bytes() == old
+    assert not [p for p in out.iterdir() if p.name.startswith(".tunekit_report.tmp")]

@@ -1,5 +1,5 @@
 """Nothing lost when a worker dies inside a checkpoint write: the three ways a trial lost its checkpoints
-under real kills (issue 36), each closed, proven with real processes and real SIGKILLs.
+under real kills, each closed, proven with real processes and real SIGKILLs.
 
 1. Ray's checkpoint index lags after a killed write: a new worker was handed an index a checkpoint had been
    announced under, Ray registered one path twice and deleted it, and the save that had replaced it failed.

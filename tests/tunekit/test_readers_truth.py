@@ -252,3 +252,18 @@ def test_check_of_a_module_that_cannot_be_imported_is_one_line_exit_2(tmp_path, 
     assert main(["check", f"{name}:Thing"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and said in err, err
+
+
+def test_report_never_writes_over_a_page_of_the_users(quickstart_experiment, tmp_path, capsys):
+    mine = tmp_path / "site"
+    mine.mkdir()
+    (mine / "index.html").write_text("<p>my own page</p>")
+    assert main(["report", str(quickstart_experiment), "--output", str(mine)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "holds files tunekit did not write (index.html)" in err[1], err  # (after "reading")
+    assert (mine / "index.html").read_text() == "<p>my own page</p>" and sorted(p.name for p in mine.iterdir()) == [
+        "index.html"]
+    ours = tmp_path / "report"
+    for _ in range(2):  # a directory holding tunekit's own earlier report: written again
+        assert main(["report", str(quickstart_experiment), "--output", str(ours)]) == 0
+    assert "Written by tunekit report." in (ours / "index.html").read_text()
