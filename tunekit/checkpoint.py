@@ -102,6 +102,7 @@ __all__ = [
     "load_model",
     "local_checkpoint",
     "manifest_version",
+    "misfit_line",
     "read_full_state",
     "read_metadata",
     "read_state",
@@ -470,11 +471,11 @@ def load_model(
     try:
         model.load_state_dict(models[key])
     except RuntimeError as exc:  # torch's missing/unexpected keys and size mismatches, many lines
-        raise CheckpointError(_misfit_line(shown, key, models[key], model)) from exc
+        raise CheckpointError(misfit_line(shown, key, models[key], model)) from exc
     return model.eval()
 
 
-def _misfit_line(shown: str, key: str, saved: dict[str, Any], model: torch.nn.Module) -> str:
+def misfit_line(shown: str, key: str, saved: dict[str, Any], model: torch.nn.Module) -> str:
     """One line: which checkpoint, what its model holds, and how ``model`` differs."""
     wanted = model.state_dict()
     shapes = {k: tuple(getattr(v, "shape", ())) for k, v in saved.items()}

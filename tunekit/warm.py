@@ -38,6 +38,7 @@ from tunekit.checkpoint import (
     MANIFEST_FILE,
     METADATA_FILE,
     CheckpointLocation,
+    misfit_line,
     read_state,
 )
 from tunekit.errors import CheckpointError, ConfigError, StorageError
@@ -67,6 +68,10 @@ def _uri(checkpoint: CheckpointLocation) -> str:
         f"warm_start(checkpoint={where.uri!r}): a checkpoint on {kind or type(where.filesystem).__name__} "
         "storage must be given as a URI string"
     )
+
+
+def _shapes(weights: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(getattr(v, "shape", ())) for k, v in weights.items()}
 
 
 def _one_line(exc: BaseException, limit: int = 300) -> str:
@@ -155,6 +160,11 @@ def apply_warm_start(
         raise CheckpointError(f"warm start from {uri}: {str(exc).splitlines()[0]}") from None
     previous = (sd.get("extras") or {}).get(LINEAGE_KEY)
     iteration = int((sd.get("counters") or {}).get("iteration", 0))
+    for name, model in state.models.items():  # the first misfit named in one line, before anything is loaded
+        saved = (sd.get("models") or {}).get(name)
+        if isinstance(saved, dict) and _shapes(saved) != _shapes(model.state_dict()):
+            misfit = misfit_line(str(uri), name, saved, model).removeprefix(f"checkpoint {uri}: ")
+            raise CheckpointError(f"warm start from {uri} ({mode}): {misfit}; was it written by this trainable?")
     try:
         check = getattr(state, "check_checkpoint", None)  # a framework integration's: the right kind?
         if check is not None:

@@ -267,3 +267,32 @@ def test_report_never_writes_over_a_page_of_the_users(quickstart_experiment, tmp
     for _ in range(2):  # a directory holding tunekit's own earlier report: written again
         assert main(["report", str(quickstart_experiment), "--output", str(ours)]) == 0
     assert "Written by tunekit report." in (ours / "index.html").read_text()
+
+
+def _never_reports(config):
+    from tunekit import FunctionSession, TrainingState
+
+    FunctionSession(TrainingState(models={"m": torch.nn.Linear(1, 1)}), config=config)
+
+
+def test_a_function_trainable_that_never_reports_is_an_error_naming_it(ray_session, tmp_path):
+    from tunekit import function_trainable
+
+    grid = tune.Tuner(function_trainable(_never_reports),
+                      run_config=tune.RunConfig(name="silent", storage_path=str(tmp_path), verbose=0)).fit()
+    assert len(grid.errors) == 1
+    assert "_never_reports: the training function returned without reporting anything" in str(grid.errors[0])
+
+
+def test_a_warm_start_into_another_architecture_is_one_line_before_training(ray_session, exp, tmp_path):
+    from tunekit import warm_start
+    from tunekit.trainables import DigitsTrainable
+
+    snap = read_experiment(str(exp))
+    source = snap.trials[0].checkpoints[-1].uri
+    grid = tune.Tuner(DigitsTrainable, param_space={"hidden_size": 8, **warm_start(source, mode="weights")},
+                      run_config=tune.RunConfig(name="misfit", storage_path=str(tmp_path), verbose=0,
+                                                stop={"training_iteration": 1})).fit()
+    said = str(grid.errors[0])
+    line = next(l for l in said.splitlines() if "does not fit" in l)
+    assert f"warm start from {source} (weights): model" in line and "size mismatch" not in said, said[-1500:]

@@ -81,8 +81,10 @@ def test_bad_input_gets_one_line_errors_naming_it(tmp_path):
     with pytest.raises(ConfigError, match=f"config\\['{WARM_START_KEY}'\\]"):
         apply_warm_start(_state(0), {WARM_START_KEY: str(path)}, mutable=(), apply=_never)
     wider = _state(0, width=5)  # a different model: the error says which checkpoint did not fit
-    with pytest.raises(CheckpointError, match=f"warm start from {path} \\(weights\\): .*size mismatch"):
+    with pytest.raises(CheckpointError, match=f"warm start from {path} \\(weights\\): model 'model' does not fit the "
+                       "Linear given .*weight \\(1, 3\\) vs \\(1, 5\\)") as misfit:
         apply_warm_start(wider, warm_start(path, mode="weights"), mutable=(), apply=_never)
+    assert "\n" not in str(misfit.value) and "size mismatch" not in str(misfit.value)  # one line, not torch's
     for error in (ConfigError, CheckpointError):
         try:
             warm_start(missing if error is CheckpointError else path, mode="x" if error is ConfigError else "weights")
