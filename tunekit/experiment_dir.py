@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 
 from tunekit._trial_dir import CHECKPOINT_DIR, DAMAGED_COPY
 from tunekit.errors import ExperimentError
-from tunekit.storage import Storage, storage_errors
+from tunekit.storage import Storage, not_s3, storage_errors
 
 __all__ = ["CHECKPOINT_DIR", "CheckpointDir", "DAMAGED_COPY", "POINTER_KEY", "TRAIN_DIR", "TrialDir", "checkpoint_bytes",
            "checkpoint_count", "checkpoint_files", "find_trials", "pointer_target", "pointer_value", "root_files",
@@ -130,7 +130,9 @@ def scan_experiment(experiment: Storage, *, checkpoints: bool = True) -> tuple[l
     with storage_errors("read", experiment):
         info = experiment.filesystem.get_file_info(experiment.path)
     if info.type == pafs.FileType.NotFound:
-        raise ExperimentError(f"{experiment.uri}: no such experiment directory")
+        foreign = not_s3(experiment)
+        raise ExperimentError(f"{experiment.uri}: the endpoint {foreign}" if foreign else
+                              f"{experiment.uri}: no such experiment directory")
     if info.type != pafs.FileType.Directory:
         raise ExperimentError(f"{experiment.uri}: is a file, expected an experiment directory")
     entries = _list(experiment, experiment.path)

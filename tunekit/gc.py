@@ -31,7 +31,7 @@ import pyarrow.fs as pafs
 from tunekit._trial_dir import leftovers as hidden_dirs
 from tunekit._manifest import read_metadata
 from tunekit._snapshot_model import INTERRUPTED, CheckpointSummary
-from tunekit.errors import CheckpointError, ConfigError, ExperimentError
+from tunekit.errors import CheckpointError, ConfigError, ExperimentError, first_line
 from tunekit.experiment_dir import POINTER_KEY, TRAIN_DIR, checkpoint_bytes, pointer_target
 from tunekit.record import driver_running, read_record
 from tunekit.retention import Policy, newest_first, selected
@@ -239,10 +239,15 @@ def delete_planned(plan: GcPlan) -> int:
     """Delete exactly what ``plan`` lists; return the bytes freed."""
     experiment = resolve_storage(plan.location)
     fs = experiment.filesystem
-    for deletion in plan.deletions:
+    for done, deletion in enumerate(plan.deletions):
         path = posixpath.join(experiment.path, deletion.trial, deletion.name)
         if fs.get_file_info(path).type == pafs.FileType.NotFound:
             raise ExperimentError(f"{plan.location}: {deletion.trial}/{deletion.name} is gone already; "
                                   "plan again (something else changed the experiment)")
-        fs.delete_dir(path)
+        try:
+            fs.delete_dir(path)
+        except OSError as exc:  # read-only storage, no permission: said in one line, where it stopped
+            raise ExperimentError(f"{plan.location}: cannot delete {deletion.trial}/{deletion.name} "
+                                  f"({exc.strerror or first_line(exc)}); {done} of {len(plan.deletions)} "
+                                  "deleted before it, nothing else changed") from None
     return plan.bytes

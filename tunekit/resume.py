@@ -47,7 +47,7 @@ from tunekit._recovery import (
 from tunekit.snapshot import (PBT_LOG, CheckpointSummary, ExperimentSnapshot, TrialSnapshot, format_counts,
                               read_experiment)
 from tunekit.experiment_dir import root_files
-from tunekit.storage import Storage, resolve_storage
+from tunekit.storage import Storage, probe_storage, resolve_storage
 
 __all__ = [
     "ResumeSummary",
@@ -323,6 +323,7 @@ def extend_experiment(
     target = parent.join(name)
     if experiment.filesystem.get_file_info(target.path).type != pafs.FileType.NotFound:
         raise ExperimentError(f"extend: {target.uri} exists already; remove it or resume it with tunekit resume")
+    probe_storage(parent)  # (read-only storage said in one line here, before Ray starts)
 
     from ray import tune
 

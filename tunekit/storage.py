@@ -49,6 +49,7 @@ __all__ = [
     "Storage",
     "check_cluster_storage",
     "directory_bytes",
+    "not_s3",
     "probe_storage",
     "redact",
     "resolve_storage",
@@ -255,6 +256,36 @@ def _classify(exc: BaseException) -> str:
     if "NO SPACE" in upper:
         return "no space left"
     return redact(first_line(exc))
+
+
+def not_s3(storage: Storage) -> str | None:
+    """Why ``storage``'s S3 endpoint is not an S3 server (it answers HTTP, but not as S3 does: a web server, a
+    proxy's page), else None; asked only once a path was not found there, so that "no such experiment" is not
+    said of an endpoint that holds no buckets at all."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    if storage.filesystem.type_name != "s3" or "endpoint_override=" not in storage.uri:
+        return None
+    query = urllib.parse.parse_qs(storage.uri.partition("?")[2])
+    endpoint = (query.get("endpoint_override") or [""])[0]
+    if not endpoint:
+        return None
+    url = endpoint if "://" in endpoint else f"http://{endpoint}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:  # noqa: S310 - the user's own endpoint
+            headers, body = reply.headers, reply.read(2048)
+    except urllib.error.HTTPError as reply:  # an S3 server refuses an anonymous listing in XML
+        headers, body = reply.headers, reply.read(2048)
+    except (OSError, ValueError):
+        return None  # unreachable: the storage error says so elsewhere
+    speaks = any(k.lower().startswith("x-amz-") for k in headers) or b"<?xml" in body[:100] or b"<Error>" in body
+    if speaks:
+        return None
+    kind = headers.get("Content-Type", "no content type")
+    return (f"{endpoint} does not speak S3 (it answered with {kind}, not an S3 reply); expected the address of "
+            "an S3-compatible server (endpoint_override=http://host:port)")
 
 
 def probe_storage(storage: Storage) -> None:

@@ -124,3 +124,35 @@ def test_report_onto_a_full_disk_says_so_in_one_line_and_keeps_the_old_report(qu
     assert "cannot write the report into" in err[1] and "No space left" in err[1] and "unchanged" in err[1], err
     assert (out / "index.html").read_bytes() == old
     assert not [p for p in out.iterdir() if p.name.startswith(".tunekit_report.tmp")]
+
+
+@pytest.fixture
+def read_only_copy(quickstart_experiment, tmp_path):
+    """A copy of the quickstart's experiment on a filesystem remounted read-only (a real tmpfs)."""
+    import shutil
+
+    where = tmp_path / f"ro-{uuid.uuid4().hex[:6]}"
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"this machine refuses to mount a tmpfs: {done.stderr.strip() or done.stdout.strip()}")
+    try:
+        shutil.copytree(quickstart_experiment, where / "qs")
+        subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+        yield where / "qs"
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_gc_and_extend_on_read_only_storage_say_so_in_one_line(read_only_copy, capsys):
+    from tunekit.cli import main
+
+    listing = sorted(str(p) for p in read_only_copy.rglob("*"))
+    assert main(["gc", str(read_only_copy), "--trial-latest", "1", "--yes"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot delete" in err and "Read-only file system" in err, err
+    assert main(["resume", str(read_only_copy), "--extend", "20"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Read-only file system" in err, err
+    assert sorted(str(p) for p in read_only_copy.rglob("*")) == listing

@@ -296,3 +296,27 @@ def test_a_warm_start_into_another_architecture_is_one_line_before_training(ray_
     said = str(grid.errors[0])
     line = next(l for l in said.splitlines() if "does not fit" in l)
     assert f"warm start from {source} (weights): model" in line and "size mismatch" not in said, said[-1500:]
+
+
+def test_an_endpoint_that_is_not_an_s3_server_is_named_so(tmp_path, monkeypatch, capsys):
+    """A plain web server given as the S3 endpoint: the readers say it does not speak S3, not 'no such
+    experiment directory' (which is what an S3 server without that prefix gets)."""
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # (the server's own request log is not the command's output)
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for command in ("status", "verify"):
+            assert main([command, f"s3://bucket/exp?endpoint_override={endpoint}&region=us-east-1"]) == 2
+            err = capsys.readouterr().err.strip()
+            assert len(err.splitlines()) == 1 and f"the endpoint {endpoint} does not speak S3" in err, err
+    finally:
+        server.shutdown()
