@@ -20,8 +20,30 @@ def _short(value: Any, width: int = 12) -> str:
     return text if len(text) <= width else text[: width - 1] + "~"
 
 
-def print_snapshot(snapshot: Any, metric: str | None, mode: str | None, sizes: dict[str, int] | None = None) -> None:
-    """The table ``status`` and ``resume`` print; ``sizes``: :func:`~tunekit.snapshot.check_storage`'s, if it ran."""
+#: Above this many trials, the table shows the ones worth a look (see :func:`_rows_shown`) unless ``--all``.
+ROW_LIMIT = 50
+#: How many of the best trials by the metric the shortened table shows.
+BEST_SHOWN = 10
+
+
+def _rows_shown(snapshot: Any, metric: str | None, mode: str | None) -> list[Any]:
+    """The trials a table of a large experiment shows: those in ERROR, those with damage, those not finished,
+    and the best :data:`BEST_SHOWN` by ``metric`` (without one: the first by id), in trial order."""
+    damaged = " ".join(snapshot.problems)
+    keep = {t.trial_id for t in snapshot.trials if t.status not in ("TERMINATED",) or t.error or t.name in damaged}
+    scored = [(t.metric(metric), t.trial_id) for t in snapshot.trials] if metric and mode else []
+    scored = [(v, i) for v, i in scored if v is not None]
+    if scored:
+        keep |= {i for _, i in sorted(scored, reverse=mode == "max")[:BEST_SHOWN]}
+    else:
+        keep |= {t.trial_id for t in snapshot.trials[:BEST_SHOWN]}
+    return [t for t in snapshot.trials if t.trial_id in keep]
+
+
+def print_snapshot(snapshot: Any, metric: str | None, mode: str | None, sizes: dict[str, int] | None = None,
+                   *, everything: bool = False) -> None:
+    """The table ``status`` and ``resume`` print; ``sizes``: :func:`~tunekit.snapshot.check_storage`'s, if it ran.
+    Of more than :data:`ROW_LIMIT` trials only those worth a look get a row, unless ``everything``."""
     import time as _time
 
     from tunekit.interval import INTERVAL_KEY, trial_intervals
@@ -48,7 +70,8 @@ def print_snapshot(snapshot: Any, metric: str | None, mode: str | None, sizes: d
                *(["ckpt every"] if chosen else []), "error"]
     sizes = check_storage(snapshot) if sizes is None else sizes
     rows = []
-    for trial in snapshot.trials:
+    shown = snapshot.trials if everything or len(snapshot.trials) <= ROW_LIMIT else _rows_shown(snapshot, metric, mode)
+    for trial in shown:
         row = [trial.trial_id, trial.status, str(trial.iterations)]
         if metric:
             value = trial.metric(metric)
@@ -60,6 +83,10 @@ def print_snapshot(snapshot: Any, metric: str | None, mode: str | None, sizes: d
         row.append(_short(trial.error or "", 60))
         rows.append(row)
     print(format_table(headers, rows))
+    if len(shown) < len(snapshot.trials):
+        what = f"the best {BEST_SHOWN} by {metric}" if metric and mode else f"the first {BEST_SHOWN}"
+        print(f"({len(snapshot.trials) - len(shown)} more trials not shown: this table holds {what} and every one "
+              "in ERROR, unfinished or damaged; --all shows every trial)")
     every = [c for t in snapshot.trials for c in t.checkpoints]
     train = sum(c.name.startswith(f"{TRAIN_DIR}/") for c in every)
     print(f"checkpoints: {len(every) - train}" + (f" and {train} Ray Train checkpoints of multi-worker trials (every "

@@ -120,7 +120,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                            best_value=best.value if best else None, best_skipped=list(best.skipped) if best else [])
         print(json.dumps(payload, indent=1, default=str))
     else:
-        print_snapshot(snapshot, args.metric, args.mode, sizes)
+        print_snapshot(snapshot, args.metric, args.mode, sizes, everything=args.all)
     if snapshot.damaged:
         print(f"tunekit status: {snapshot.location}: damaged: {'; '.join(snapshot.problems)}", file=sys.stderr)
         return 2
@@ -246,6 +246,8 @@ def _build_parser() -> _Parser:
     )
     status.add_argument("experiment", metavar="EXP", help="experiment directory or URI")
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
+    status.add_argument("--all", action="store_true",
+                        help="a row for every trial (of more than 50: only those worth a look by default)")
     status.add_argument("--metric", default=None, help="metric to show and pick the best trial by")
     status.add_argument("--mode", choices=("max", "min"), default=None, help="whether --metric is better high or low")
     status.set_defaults(func=_cmd_status)

@@ -127,3 +127,25 @@ def test_inspection_never_unpickles(ray_example_runs, tmp_path, capsys):
     capsys.readouterr()
     assert (tmp_path / "report" / "index.html").exists()
     assert not marker.exists()
+
+
+def test_status_of_many_trials_shows_those_worth_a_look_and_all_of_them_with_all(tmp_path, capsys):
+    import json as _json
+
+    from tunekit.cli import main
+
+    exp = tmp_path / "many"
+    for i in range(60):
+        trial = exp / f"f_{i:05d}_{i}"
+        trial.mkdir(parents=True)
+        (trial / "params.json").write_text(_json.dumps({"x": i}))
+        row = {"trial_id": f"t{i:05d}", "training_iteration": 1, "loss": float(i), "done": True}
+        (trial / "result.json").write_text(_json.dumps(row) + "\n")
+    assert main(["status", str(exp), "--metric", "loss", "--mode", "min"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("t000")]
+    assert [r.split()[0] for r in rows] == [f"t{i:05d}" for i in range(10)], out  # the 10 lowest losses
+    assert "(50 more trials not shown: this table holds the best 10 by loss" in out and "--all" in out
+    assert main(["status", str(exp), "--metric", "loss", "--mode", "min", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert len([line for line in out.splitlines() if line.startswith("t000")]) == 60 and "not shown" not in out
