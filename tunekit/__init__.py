@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tunekit.checkpoint import (
         CheckpointReport,
-        load_model,
         local_checkpoint,
         read_metadata,
         read_state,
@@ -22,6 +21,7 @@ if TYPE_CHECKING:
         write_checkpoint,
     )
     from tunekit.data import ShuffledBatches
+    from tunekit.loading import load_model
     from tunekit.device import release_memory, trial_device
     from tunekit.errors import (
         CheckpointError,
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 # --help`` must not pay for Ray and torch; a name is imported on first use.
 _LAZY = {
     "CheckpointReport": "tunekit.checkpoint",
-    "load_model": "tunekit.checkpoint",
+    "load_model": "tunekit.loading",
     "local_checkpoint": "tunekit.checkpoint",
     "read_metadata": "tunekit.checkpoint",
     "read_state": "tunekit.checkpoint",

@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import posixpath
-import re
 import stat as statmod
 import sys
 from dataclasses import dataclass, field
@@ -38,11 +37,11 @@ if TYPE_CHECKING:
     from ray import tune
 
 __all__ = [
-    "CheckpointLocation", "CheckpointReport", "MANIFEST_FILE", "MANIFEST_FORMAT", "METADATA_FILE", "MISSING",
-    "INTERRUPTED_WRITE", "NOT_WRITTEN", "STATE_FILE", "UnsupportedManifest", "WRITTEN_HASH", "confirm_upload",
-    "digest_bytes", "hash_file", "interrupted_write", "is_foreign_checkpoint", "is_tunekit_checkpoint", "json_safe", "locate", "manifest_bytes", "manifest_sizes",
-    "manifest_version", "new_hash", "read_metadata", "size_problems", "unsupported_format", "verify_checkpoint",
-    "verify_directory",
+    "CheckpointLocation", "CheckpointReport", "MANIFEST_FILE", "MANIFEST_FORMAT",
+    "METADATA_FILE", "MISSING", "NOT_WRITTEN", "STATE_FILE", "UnsupportedManifest", "WRITTEN_HASH",
+    "confirm_upload", "digest_bytes", "hash_file", "is_foreign_checkpoint",
+    "is_tunekit_checkpoint", "json_safe", "locate", "manifest_bytes", "manifest_sizes", "manifest_version",
+    "new_hash", "read_metadata", "size_problems", "unsupported_format", "verify_checkpoint", "verify_directory",
 ]
 
 
@@ -344,27 +343,6 @@ def is_foreign_checkpoint(location: CheckpointLocation) -> bool:
                           pafs.FileSelector(where.path, allow_not_found=True))
     names = {info.base_name for info in infos}
     return bool(infos) and not names.intersection(_TUNEKIT_FILES)
-
-
-#: What readers say of a checkpoint directory :func:`interrupted_write` describes.
-INTERRUPTED_WRITE = (f"a write that never completed (tunekit's files without the {MANIFEST_FILE} written last as its "
-                     "commit mark: its writer was killed); not damage, nothing registered is lost; the trial's next "
-                     "save there, or `tunekit gc --leftovers`, removes it")
-
-
-def interrupted_write(report: CheckpointReport, location: CheckpointLocation) -> bool:
-    """Whether ``report`` (of the checkpoint at ``location``) is a write that never reached its commit mark:
-    some of tunekit's files (a multi-worker checkpoint's: a rank's part), no manifest (remote uploads put the
-    manifest last; a retry rewrites the same name; a multi-worker checkpoint's manifest over every rank's part
-    is written once they all are)."""
-    if report.problems != [f"no {MANIFEST_FILE}"]:
-        return False
-    if is_tunekit_checkpoint(location):
-        return True
-    where = locate(location)
-    names = [i.base_name for i in _storage_call(where, "list", where.filesystem.get_file_info,
-                                                pafs.FileSelector(where.path, allow_not_found=True))]
-    return any(n == "ranks.json" or re.fullmatch(r"rank-\d+", n) for n in names)
 
 
 def is_tunekit_checkpoint(location: CheckpointLocation) -> bool:

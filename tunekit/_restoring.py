@@ -61,6 +61,7 @@ from tunekit.checkpoint import (
 from tunekit.errors import CheckpointError, first_line
 
 __all__ = [
+    "align_iteration",
     "clone_in_worker",
     "local_request",
     "prepare_restore",
@@ -167,10 +168,8 @@ def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None,
     ``trial_dir``: the restoring trial's own local directory. A checkpoint in it announced but never
     completed by the trial's first two-phase save (nothing complete before it) means "start afresh": None.
     ``trial_path``: the trial's directory on its storage, whatever the storage (where a pin's record goes).
-
-    A PBT donor's pin is adopted by the trial (:func:`_release_pin`), on any
-    storage. An announced checkpoint whose write died gets the files of the
-    one the trial goes on from instead.
+    A PBT donor's pin is adopted by the trial (:func:`_release_pin`), on any storage. An announced
+    checkpoint whose write died gets the files of the one the trial goes on from instead.
 
     Returns:
         The result to restore (its checkpoint local and verified), or None to

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tunekit._checks import as_number, check_mode, check_scope
-from tunekit._manifest import INTERRUPTED_WRITE, interrupted_write
+from tunekit._interrupted import INTERRUPTED_WRITE, interrupted_write
 from tunekit.checkpoint import verify_checkpoint
 from tunekit.interval import INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
 from tunekit.results import RESTORED_FROM_KEY

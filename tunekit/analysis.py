@@ -22,7 +22,7 @@ from tunekit._checks import check_mode, check_scope
 from tunekit._lineage import Lineage, build_lineage
 from tunekit._result_frames import ITER as _ITER
 from tunekit._result_frames import dedupe_frame, from_parquet, from_result_json, order_columns, parquet_parts, row_config
-from tunekit.checkpoint import load_model
+from tunekit.loading import load_model
 from tunekit.errors import ConfigError, ExperimentError, StorageError
 from tunekit.results import RESTORED_FROM_KEY, exploits_by_trial, format_ranges, gc_paused, rows_lost
 from tunekit.snapshot import BestCheckpoint, ExperimentSnapshot, read_experiment

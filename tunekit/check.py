@@ -168,7 +168,6 @@ def check_resume(trainable: Any, config: Mapping[str, Any] | None = None, *, ite
         ConfigError: bad input (not importable, not a trainable, N or K out of range), or a run failed.
     """
     from tunekit._find_trainable import import_trainable, project_on_path
-
     project_on_path()  # (before the runs' PYTHONPATH is built from sys.path)
     spec = _spec_of(trainable)
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 2:

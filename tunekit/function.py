@@ -232,9 +232,8 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
             _ray.session_report(output)
         elif self.iteration == 0 and _ray.last_reported(self) is None:  # (nothing reported, nothing restored)
             fn = type(self)._train_fn
-            raise ConfigError(f"{fn.__module__}.{fn.__qualname__}: the training function returned without "
-                              "reporting anything; report each iteration (FunctionSession.report or "
-                              "tune.report) so that the trial has results and checkpoints")
+            raise ConfigError(f"{fn.__module__}.{fn.__qualname__}: the training function returned without reporting "
+                              "anything; report each iteration (FunctionSession.report or tune.report)")
         _ray.session_report({RESULT_DUPLICATE: True})
         return output
 

@@ -239,7 +239,7 @@ def write_report(
         Path(experiment.path) / "tunekit_report" if experiment.is_local else Path(f"tunekit_report_{snapshot.name}")
     )
     _check_output(out)
-    staging: Path | None = None
+    staging = None
     try:
         staging = Path(tempfile.mkdtemp(prefix=".tunekit_report.tmp-", dir=out))  # (moved into place at the end)
         summary = _write(experiment, snapshot, df, metric, mode, out, staging, plt)
@@ -353,11 +353,9 @@ def _write(experiment: Storage, snapshot: ExperimentSnapshot, df: pd.DataFrame, 
 
 
 def _banner(problems: list[str]) -> str:
-    if not problems:
-        return ""
     items = "".join(f"<li>{html.escape(p)}</li>" for p in problems)
     return (f"<div class='damage' id='damage'><b>This experiment is damaged</b> "
-            f"(<code>tunekit verify</code> checks every checkpoint):<ul>{items}</ul></div>")
+            f"(<code>tunekit verify</code> checks every checkpoint):<ul>{items}</ul></div>") if items else ""
 
 
 #: The file that marks a directory as holding tunekit's report (a later report may replace it).
@@ -368,14 +366,13 @@ def _check_output(out: Path) -> None:
     """Create ``out`` or raise ConfigError in one line: a report writes only into a directory it made or one
     that holds an earlier report of its own (:data:`REPORT_MARKER`, or an ``index.html`` tunekit wrote), never
     over a file or a directory of the user's."""
-    if out.is_dir() and not (out / REPORT_MARKER).exists():
-        index = out / "index.html"
-        ours = index.is_file() and "Written by tunekit report." in index.read_text(errors="replace")
-        theirs = [p.name for p in out.iterdir() if not p.name.startswith(".tunekit_report")]
-        if theirs and not ours:
-            raise ConfigError(f"--output {out}: holds files tunekit did not write ({', '.join(sorted(theirs)[:3])}"
-                              f"{', ...' if len(theirs) > 3 else ''}); expected a new or empty directory, or one "
-                              "holding an earlier tunekit report (nothing was written)")
+    index = out / "index.html"
+    theirs = sorted(p.name for p in out.glob("*") if not p.name.startswith(".tunekit_report")) if out.is_dir() else []
+    ours = (out / REPORT_MARKER).exists() or index.is_file() and "Written by tunekit report." in index.read_text()
+    if theirs and not ours:
+        raise ConfigError(f"--output {out}: holds files tunekit did not write ({', '.join(theirs[:3])}"
+                          f"{', ...' if len(theirs) > 3 else ''}); expected a new or empty directory, or one "
+                          "holding an earlier tunekit report (nothing was written)")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".tunekit_report_probe"
@@ -388,8 +385,7 @@ def _check_output(out: Path) -> None:
                           "expected a writable directory") from None
 
 
-def _not_a_hyperparameter(name: str) -> bool:
-    """Seeds and tunekit's own entries vary between trials but are not what a sweep searches."""
+def _not_a_hyperparameter(name: str) -> bool:  # seeds, tunekit's own entries: vary, but are not searched
     lowered = name.lower()
     return lowered == "seed" or lowered.endswith(("_seed", "/seed")) or lowered.startswith("tunekit_")
 

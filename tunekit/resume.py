@@ -23,6 +23,7 @@ goes on from its newest good checkpoint in a new experiment ``EXP-resumed`` besi
 from __future__ import annotations
 
 import dataclasses
+import os
 import posixpath
 import sys
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from tunekit._manifest import NOT_WRITTEN
 from tunekit._snapshot_model import INTERRUPTED
 from tunekit._pickles import driver_state_problem
 from tunekit._pins import is_pinned
-from tunekit._trial_dir import damaged_name
+from tunekit._trial_dir import damaged_name, link_tree
 from tunekit.checkpoint import read_metadata, verify_checkpoint
 from tunekit.errors import ConfigError, ExperimentError
 from tunekit._connect import ray_for
@@ -200,22 +201,11 @@ def _preserve(experiment: Storage, trial: TrialSnapshot, ckpt: CheckpointSummary
     if fs.get_file_info(target).type == pafs.FileType.NotFound:
         source = posixpath.join(trial_dir.path, ckpt.name)
         if experiment.is_local:
-            import shutil
-
-            shutil.copytree(source, target, copy_function=_link_or_copy)
+            os.makedirs(target)
+            link_tree(source, target)
         else:
             pafs.copy_files(source, target, source_filesystem=fs, destination_filesystem=fs)
     return f"{trial_dir.uri.rstrip('/')}/{damaged_name(ckpt.name)}"
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    import os
-    import shutil
-
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def _continues_from(snapshot: ExperimentSnapshot, trial: TrialSnapshot, experiment: Storage, *,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from typing import Any, Iterable
+from typing import Any
 
 from tunekit._checks import as_number
 from tunekit._manifest import manifest_sizes, size_problems
@@ -36,17 +36,19 @@ from tunekit.errors import CheckpointError
 from tunekit.experiment_dir import (POINTER_KEY, TRAIN_DIR, TrialDir, checkpoint_files, pointer_target, root_files,
                                     scan_experiment)
 from tunekit.record import interrupted_trials, read_record
-from tunekit.results import (RESTORED_FROM_KEY, dedupe_lineage, exploits_by_trial, gc_paused, loads, parse_result_lines,
-                             read_bytes, read_text, rows_lost)
+from tunekit.results import (RESTORED_FROM_KEY, dedupe_lineage, exploits_by_trial, gc_paused, parse_result_lines,
+                             read_text, rows_lost)
 from tunekit._pickles import driver_state_damage, tuner_pickle_problem
 from tunekit.storage import Storage, resolve_storage
+from tunekit._experiment_state import (missing_dirs, read_state, read_state_problems, registered_in_state,
+                                       trials_from_state)
 
 from tunekit._snapshot_model import (RAY_KEYS, BestCheckpoint, CheckpointSummary, ExperimentSnapshot, Exploit,
                                      TrialSnapshot, format_counts, ranked)
 __all__ = [
     "BestCheckpoint", "CheckpointSummary", "ExperimentSnapshot", "Exploit", "PBT_LOG", "RAY_KEYS", "TrialSnapshot",
     "check_storage", "error_message", "format_counts", "ranked", "read_experiment", "read_exploits",
-    "read_state_problems", "trial_tags",
+    "read_state_problems", "registered_in_state", "trial_tags",
 ]
 
 _PICKLED, PBT_LOG = "CLOUDPICKLE_FALLBACK", "pbt_global.txt"  # (PBT_LOG: Ray's log of PBT exploits)
@@ -61,31 +63,6 @@ def _clean(value: Any) -> Any:
     if isinstance(value, list):
         return [_clean(v) for v in value]
     return value
-
-
-def _read_state(experiment: Storage, problems: list[str], damaged: list[str],
-                files: list[str] | None = None) -> tuple[str | None, dict[str, Any]]:
-    """The newest experiment state that reads whole; newer damaged ones are named in ``problems`` and ``damaged``.
-    ``files``: the experiment's top-level files (:func:`~tunekit.experiment_dir.root_files`), when listed already."""
-    why = []
-    files = root_files(experiment) if files is None else files
-    for name in reversed([f for f in files if f.startswith("experiment_state") and f.endswith(".json")]):
-        text = read_bytes(experiment.filesystem, posixpath.join(experiment.path, name)) or b""
-        try:
-            state = loads(text)
-            if not isinstance(state, dict) or not isinstance(state.get("trial_data", []), list):
-                raise ValueError("not a Ray Tune experiment state")
-        except ValueError as exc:
-            damaged.append(name)
-            why.append(f"{name} is damaged ({exc})")
-            continue
-        if why:
-            problems.append(f"{'; '.join(why)}; read {name}, the newest one that is whole")
-        return name, state
-    if why:
-        problems.append(f"{'; '.join(why)}; no older one is whole: showing what the trial directories say")
-        return damaged[0], {}
-    return None, {}
 
 
 def check_storage(snapshot: ExperimentSnapshot) -> dict[str, int]:
@@ -106,65 +83,6 @@ def check_storage(snapshot: ExperimentSnapshot) -> dict[str, int]:
         snapshot.problems.append(torn)
     return {t.trial_id: sum(sum(files.get(f"{t.name}/{c.name}", {}).values()) for c in t.checkpoints)
             for t in snapshot.trials}
-
-
-def registered_checkpoints(experiment: Storage, recorded: dict[str, Any] | None = None
-                           ) -> dict[str, set[str] | None] | None:
-    """Trial directory -> the names of the checkpoints Ray's newest whole experiment state lists for it (read as
-    data, see :func:`tunekit._pickles.registered_names`), the one tunekit's record names as its newest added;
-    None without an experiment state. A checkpoint Ray registered is never an interrupted write.
-    ``recorded``: the state's trials (:func:`_trials_from_state`, with runtimes), when read already."""
-    from tunekit._pickles import registered_names
-
-    if recorded is None:
-        name, state = _read_state(experiment, [], [])
-        recorded = _trials_from_state(state, []) if name is not None and state else None
-    if not recorded:
-        return None
-    out = {key: registered_names(entry["runtime"].get("checkpoint_manager"), key) for key, entry in recorded.items()}
-    record, _ = read_record(experiment.filesystem, experiment.path)
-    for entry in (record or {}).get("trials") or []:
-        newest = entry.get("checkpoint") if isinstance(entry, dict) else None
-        if isinstance(newest, str) and isinstance(out.get(str(entry.get("dir")), None), set):
-            out[str(entry["dir"])].add(newest.rpartition("/")[2])
-    return out
-
-
-def read_state_problems(experiment: Storage, trial_dirs: Iterable[str] | None = None) -> list[str]:
-    """The experiment state's damage, one line each (empty when the newest one is whole); given the trial
-    directories storage holds (``trial_dirs``), also each trial the state names as started whose directory is
-    gone."""
-    problems: list[str] = []
-    _, state = _read_state(experiment, problems, [])
-    if trial_dirs is not None:
-        problems += _missing_dirs(_trials_from_state(state, [], runtimes=False), set(trial_dirs))
-    return problems
-
-
-def _missing_dirs(recorded: dict[str, Any], present: set[str]) -> list[str]:
-    """A line for each trial of the experiment state that had started (Ray makes its directory then) and whose
-    directory storage lacks: its results and checkpoints are lost."""
-    return [f"trial {entry['trial'].get('trial_id') or key} ({entry['trial'].get('status')}): its directory {key} "
-            "is missing on storage (the experiment state names it; its results and checkpoints are gone)"
-            for key, entry in recorded.items()
-            if key not in present and str(entry["trial"].get("status") or "PENDING") != "PENDING"]
-
-
-def _trials_from_state(state: dict[str, Any], problems: list[str], *, runtimes: bool = True) -> dict[str, Any]:
-    """relative_logdir -> {trial fields, runtime fields (none unless ``runtimes``: 2/3 of the file)}."""
-    out = {}
-    for entry in state.get("trial_data") or []:
-        try:
-            trial_json, runtime_json = entry
-            trial = loads(trial_json) if isinstance(trial_json, str) else dict(trial_json)
-            runtime_json = runtime_json if runtimes else {}
-            runtime = loads(runtime_json) if isinstance(runtime_json, str) else dict(runtime_json)
-        except (ValueError, TypeError) as exc:
-            problems.append(f"a trial entry of the state file is damaged ({exc})")
-            continue
-        key = trial.get("relative_logdir") or trial.get("trial_id")
-        out[str(key)] = {"trial": trial, "runtime": runtime}
-    return out
 
 
 def error_message(text: str | None) -> str | None:
@@ -257,7 +175,7 @@ def _mark_registered(experiment: Storage, trials: list[TrialSnapshot], recorded:
     if not unmarked:
         return
     pointed = {c.points_at.rstrip("/") for t in trials for c in t.checkpoints if c.points_at}
-    registered = registered_checkpoints(experiment, recorded) or {}
+    registered = registered_in_state(experiment, recorded) or {}
     for trial, ckpt in unmarked:
         if ckpt.name.startswith(f"{TRAIN_DIR}/"):  # (Ray Train's: Tune holds it by a pointer, or not at all)
             ckpt.registered = ckpt.location.path.rstrip("/") in pointed
@@ -359,11 +277,11 @@ def _read_experiment(experiment: Storage, results: bool) -> ExperimentSnapshot:
     trial_dirs, files = scan_experiment(experiment, checkpoints=results)
     problems: list[str] = []
     damaged_states: list[str] = []
-    state_file, state = _read_state(experiment, problems, damaged_states, files)
+    state_file, state = read_state(experiment, problems, damaged_states, files)
     pickle_damage = tuner_pickle_problem(experiment)
     if pickle_damage:
         problems.append(f"{pickle_damage}; `tunekit resume` can still continue the trials")
-    recorded = _trials_from_state(state, problems, runtimes=results)
+    recorded = trials_from_state(state, problems, runtimes=results)
     start_time = (state.get("stats") or {}).get("start_time")
 
     trials = []
@@ -411,7 +329,7 @@ def _read_experiment(experiment: Storage, results: bool) -> ExperimentSnapshot:
                 tag=_tag(trial, trial_dir.name),
             )
         )
-    problems += _missing_dirs(recorded, seen)
+    problems += missing_dirs(recorded, seen)
     for key, entry in recorded.items():  # trials that never got a directory (or lost it)
         if key in seen:
             continue

@@ -16,7 +16,8 @@ import pyarrow.fs as pafs
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-from tunekit._manifest import INTERRUPTED_WRITE, NOT_WRITTEN, interrupted_write
+from tunekit._interrupted import INTERRUPTED_WRITE, interrupted_write
+from tunekit._manifest import NOT_WRITTEN
 from tunekit._trial_dir import CHECKPOINT_DIR, STAGING, leftovers
 from tunekit.checkpoint import (
     CheckpointReport,
@@ -240,10 +241,10 @@ def verify_experiment(
 def _never_registered(experiment: Storage, trial: str, name: str, known: list[Any]) -> bool:
     """Whether Ray's experiment state shows that it never registered checkpoint ``name`` of ``trial``
     (``known``: where the answer for the experiment is kept once read)."""
-    from tunekit.snapshot import registered_checkpoints
+    from tunekit.snapshot import registered_in_state
 
     if not known:
-        known.append(registered_checkpoints(experiment) or {})
+        known.append(registered_in_state(experiment) or {})
     names = known[0].get(trial)
     return names is not None and name not in names
 

@@ -38,9 +38,9 @@ from tunekit.checkpoint import (
     MANIFEST_FILE,
     METADATA_FILE,
     CheckpointLocation,
-    misfit_line,
     read_state,
 )
+from tunekit.loading import misfit_line
 from tunekit.errors import CheckpointError, ConfigError, StorageError
 from tunekit.hparams import changed_hyperparameters
 from tunekit.state import TrainingState

@@ -203,7 +203,7 @@ def _reads_offline(experiment: Path, newest: Path, final: dict, tmp_path: Path) 
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     from tunekit.analysis import load_best_model
-    from tunekit.checkpoint import export_dcp, read_full_state
+    from tunekit.loading import export_dcp, read_full_state
 
     full = read_full_state(str(newest))
     assert all(torch.equal(full["models"]["model"][k], final[k]) for k in final)

@@ -53,13 +53,11 @@ Private names, by owner:
 
 This package's ``__init__`` holds the trainable, session and storage names;
 :mod:`tunekit._ray.pbt` the PBT hooks, :mod:`tunekit._ray.output` the output
-filters. Everything is re-exported here: tunekit calls ``_ray.<name>``.
+filters, :mod:`tunekit._ray.upload` a checkpoint's way to the trial's storage. Everything is re-exported here: tunekit calls ``_ray.<name>``.
 """
 
 from __future__ import annotations
 
-import os
-import posixpath
 from typing import Any, Callable
 
 from ray import tune
@@ -84,6 +82,7 @@ from tunekit._ray.pbt import (
     supports_clone,
     synchronous_saves,
 )
+from tunekit._ray.upload import report_checkpoint_dir, report_with_checkpoint, session_storage
 from tunekit._ray.retention import (
     calling_scheduler,
     drop_vanished_checkpoints,
@@ -238,70 +237,6 @@ def publish_local_checkpoint(trainable: tune.Trainable, directory: str, metrics:
     storage.persist_artifacts(force=storage.sync_config.sync_artifacts_on_checkpoint)
     checkpoint = tune.Checkpoint(path=directory, filesystem=storage.storage_filesystem)
     return TrainingResult(checkpoint=checkpoint, metrics=metrics)
-
-
-def report_checkpoint_dir(trainable: tune.Trainable, directory: str) -> TrainingResult:
-    """Upload a checkpoint directory the way a class trainable's ``save`` does (into an unused index).
-
-    To remote storage the manifest, tunekit's commit mark, goes last: first the
-    manifest an earlier, unregistered attempt at the same index left there is
-    deleted (Ray writes a retry into the index it never registered), then Ray
-    uploads the rest, then the manifest. A kill at any point leaves a
-    checkpoint without a manifest (an interrupted upload, which readers name
-    so), never one whose manifest describes other bytes.
-    """
-    import pyarrow.fs as pafs
-
-    from tunekit._manifest import MANIFEST_FILE
-
-    storage = trainable_storage(trainable)
-    _skip_used_indexes(storage)
-    held = os.path.join(directory, MANIFEST_FILE)
-    if storage is None or type(storage.storage_filesystem) is pafs.LocalFileSystem or not os.path.exists(held):
-        return trainable._report_class_trainable_checkpoint(directory, directory)
-    from ray.train._internal.storage import StorageContext
-
-    fs = storage.storage_filesystem
-    target = posixpath.join(storage.trial_fs_path,
-                            StorageContext._make_checkpoint_dir_name(storage.current_checkpoint_index + 1))
-    stale = posixpath.join(target, MANIFEST_FILE)
-    if fs.get_file_info(stale).type != pafs.FileType.NotFound:
-        fs.delete_file(stale)
-    with open(held, "rb") as fh:
-        manifest = fh.read()
-    os.remove(held)
-    result = trainable._report_class_trainable_checkpoint(directory, directory)
-    with fs.open_output_stream(posixpath.join(result.checkpoint.path, MANIFEST_FILE)) as out:
-        out.write(manifest)
-    return result
-
-
-def report_with_checkpoint(metrics: dict[str, Any], directory: str) -> None:
-    """``tune.report(metrics, checkpoint=directory)`` from a function trial, into an index never used in the
-    trial's directory (Ray persists the checkpoint into ``checkpoint_<its counter>``)."""
-    _skip_used_indexes(session_storage())
-    tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
-
-
-def session_storage() -> Any:
-    """Inside a Tune trial: its ``StorageContext`` (the one Ray persists reported checkpoints through)."""
-    return tune.get_context().get_storage()
-
-
-def _skip_used_indexes(storage: Any) -> None:
-    """Ray's next checkpoint index raised above any used in the trial's directory (local storage).
-
-    Ray's counter lags after a worker dies between persisting a checkpoint and
-    the driver registering it (:func:`tunekit._announced.claim_index`): Ray
-    would then write into that directory again, over a checkpoint that may be
-    registered already. Ray adds one to the counter before it persists."""
-    import pyarrow.fs as pafs
-
-    if storage is None or type(storage.storage_filesystem) is not pafs.LocalFileSystem:
-        return
-    from tunekit._announced import claim_index
-
-    storage.current_checkpoint_index = claim_index(storage.trial_fs_path, storage.current_checkpoint_index + 1) - 1
 
 
 def last_reported(trainable: tune.Trainable) -> TrainingResult | None:
