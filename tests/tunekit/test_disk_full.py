@@ -67,17 +67,22 @@ def test_a_save_onto_a_full_disk_fails_the_trial_in_one_line_and_keeps_the_previ
     assert whole and all(verify_checkpoint(str(trial_dir / n)).ok for n in whole), names
 
 
+def fill(path) -> None:
+    """Fill the filesystem of ``path`` to the last byte (a file written until the disk refuses)."""
+    with open(path, "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+
+
 def fills_the_disk(config):
     """Reports 6 iterations; after the first it fills the experiment's disk to the last byte."""
     for i in range(6):
         if i == 1:
-            with open(config["filler"], "wb") as fh:
-                try:
-                    while True:
-                        fh.write(b"\0" * 65536)
-                        fh.flush()
-                except OSError:
-                    pass
+            fill(config["filler"])
         tune.report({"loss": 1.0 / (1 + i)})
 
 
@@ -111,13 +116,7 @@ def test_report_onto_a_full_disk_says_so_in_one_line_and_keeps_the_old_report(qu
     assert main(["report", str(quickstart_experiment), "--output", str(out)]) == 0
     old = (out / "index.html").read_bytes()
     capsys.readouterr()
-    with open(small_disk / "filler", "wb") as fh:  # the disk full to the last byte
-        try:
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
-        except OSError:
-            pass
+    fill(small_disk / "filler")
     assert main(["report", str(quickstart_experiment), "--output", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("reading ") and len(err) == 2, err  # its progress line, then the one error line
