@@ -100,11 +100,12 @@ def ray_for(call: str, *, address: str | None = None, cpus: int | None = None) -
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
     from tunekit._ray import drop_color_reset_at_exit
-    from tunekit._signals import sigterm_as_ctrl_c
+    from tunekit._signals import restore_sigterm, sigterm_as_ctrl_c
 
     drop_color_reset_at_exit()
-    sigterm_as_ctrl_c()  # (after ray.init, which sets its own)
+    before = sigterm_as_ctrl_c()  # (after ray.init, which sets its own)
     try:
         yield True
     finally:
         ray.shutdown()
+        restore_sigterm(before)

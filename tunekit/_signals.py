@@ -18,7 +18,7 @@ import signal
 import threading
 from typing import Any
 
-__all__ = ["sigterm_as_ctrl_c"]
+__all__ = ["restore_sigterm", "sigterm_as_ctrl_c"]
 
 
 def _as_sigint(signum: int, frame: Any) -> None:
@@ -29,13 +29,24 @@ def _as_sigint(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
 
-def sigterm_as_ctrl_c() -> None:
-    """Route SIGTERM to the SIGINT handler, unless a program handles SIGTERM itself (main thread only)."""
+def sigterm_as_ctrl_c() -> Any:
+    """Route SIGTERM to the SIGINT handler, unless a program handles SIGTERM itself (main thread only).
+
+    Returns the handler it replaced (for :func:`restore_sigterm` at the run's end), or None when it left
+    SIGTERM as it was."""
     if threading.current_thread() is not threading.main_thread():
-        return
+        return None
     current = signal.getsignal(signal.SIGTERM)
     if current is _as_sigint:
-        return
-    ours = current in (signal.SIG_DFL, None) or getattr(current, "__module__", "").startswith("ray.")
-    if ours:
+        return None
+    if current in (signal.SIG_DFL, None) or getattr(current, "__module__", "").startswith("ray."):
         signal.signal(signal.SIGTERM, _as_sigint)
+        return signal.SIG_DFL if current is None else current
+    return None
+
+
+def restore_sigterm(previous: Any) -> None:
+    """Put back the SIGTERM handler :func:`sigterm_as_ctrl_c` replaced, if SIGTERM is still routed by it."""
+    if previous is not None and threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGTERM) is _as_sigint:
+        signal.signal(signal.SIGTERM, previous)

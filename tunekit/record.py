@@ -186,6 +186,8 @@ class ExperimentRecorder:
         #: anew on each call, 40-100 us; a trial keeps its directory).
         self._experiment: str | None = None
         self._dirs: dict[str, str] = {}
+        #: The SIGTERM handler this run replaced (put back at its end), else None.
+        self.sigterm_before: Any = None
 
     def describe_callback(self, callback: Any) -> None:
         name = f"{type(callback).__module__}:{type(callback).__qualname__}"
@@ -311,7 +313,7 @@ def observe(owner: Any, trials: list[Any], *, info: dict[str, Any] | None = None
         from tunekit._signals import sigterm_as_ctrl_c
 
         entry = _RUNS[id(trials)] = (ExperimentRecorder(trials), owner)
-        sigterm_as_ctrl_c()  # a run with tunekit's callbacks stops on SIGTERM as on Ctrl-C
+        entry[0].sigterm_before = sigterm_as_ctrl_c()  # a run with tunekit's callbacks stops on SIGTERM as on Ctrl-C
     recorder, writer = entry
     if recorder.seen.get(id(owner), recorder) is info and not scheduler:  # (described already, with this info)
         if writer is owner:
@@ -344,6 +346,9 @@ def finish(owner: Any, trials: Iterable[Any]) -> None:
         and (t.status != "TERMINATED" or not (t.last_result or {}).get("done")))
     entry[0].flush(force=True)
     del _RUNS[id(trials)]
+    from tunekit._signals import restore_sigterm
+
+    restore_sigterm(recorder.sigterm_before)
 
 
 def interrupted_trials(fs: pafs.FileSystem, experiment_path: str, trials: list[Any],

@@ -115,6 +115,7 @@ def resume_experiment(
     if resume_errored and restart_errored:
         raise ConfigError("resume: --resume-errored and --restart-errored exclude each other")
     experiment = resolve_storage(location)
+    read_experiment(experiment)  # (not an experiment: said before any lease is written there)
     with experiment_lease(experiment, "resume"):
         return _resume(experiment, trainable=trainable, resume_errored=resume_errored,
                        restart_errored=restart_errored, cpus=cpus, address=address, out=out)
