@@ -160,15 +160,14 @@ def apply_warm_start(
         raise CheckpointError(f"warm start from {uri}: {str(exc).splitlines()[0]}") from None
     previous = (sd.get("extras") or {}).get(LINEAGE_KEY)
     iteration = int((sd.get("counters") or {}).get("iteration", 0))
-    for name, model in state.models.items():  # the first misfit named in one line, before anything is loaded
-        saved = (sd.get("models") or {}).get(name)
-        if isinstance(saved, dict) and _shapes(saved) != _shapes(model.state_dict()):
-            misfit = misfit_line(str(uri), name, saved, model).removeprefix(f"checkpoint {uri}: ")
-            raise CheckpointError(f"warm start from {uri} ({mode}): {misfit}; was it written by this trainable?")
     try:
         check = getattr(state, "check_checkpoint", None)  # a framework integration's: the right kind?
         if check is not None:
             check(sd, weights_only=mode == "weights")
+        for name, model in state.models.items():  # the first misfit named in one line, before anything is loaded
+            saved = (sd.get("models") or {}).get(name)
+            if isinstance(saved, dict) and _shapes(saved) != _shapes(model.state_dict()):
+                raise CheckpointError(misfit_line(str(uri), name, saved, model).removeprefix(f"checkpoint {uri}: "))
         if mode == "continue":
             state.load_state_dict(sd)
         else:
