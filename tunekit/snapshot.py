@@ -170,12 +170,13 @@ def _mark_registered(experiment: Storage, trials: list[TrialSnapshot], recorded:
     """Whether Ray registered each tunekit checkpoint that has no manifest (else: a write that never completed),
     asked only where there is one (its experiment state's checkpoint lists are read then); a multi-worker
     trial's Train checkpoint counts as registered when a Tune checkpoint points at it."""
-    unmarked = [(t, c) for t in trials for c in t.checkpoints
-                if c.manifest is None and (c.tunekit or c.name.startswith(f"{TRAIN_DIR}/"))]
+    unmarked = [(t, c) for t in trials for c in t.checkpoints  # (a Train checkpoint's ranks may lack theirs)
+                if (c.manifest is None and c.tunekit) or c.name.startswith(f"{TRAIN_DIR}/")]
     if not unmarked:
         return
     pointed = {c.points_at.rstrip("/") for t in trials for c in t.checkpoints if c.points_at}
-    registered = registered_in_state(experiment, recorded) or {}
+    registered = registered_in_state(experiment, recorded) or {} \
+        if any(not c.name.startswith(f"{TRAIN_DIR}/") for _, c in unmarked) else {}
     for trial, ckpt in unmarked:
         if ckpt.name.startswith(f"{TRAIN_DIR}/"):  # (Ray Train's: Tune holds it by a pointer, or not at all)
             ckpt.registered = ckpt.location.path.rstrip("/") in pointed

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -119,6 +120,7 @@ def test_ctrl_c_during_quickstart_is_shown_as_interrupted_and_resume_finishes_it
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_AUTH_MODE", "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "RAY_ADDRESS")}
     iterations = 3000
+    storage = storage / "my runs"  # the printed command is pasted into a shell: quoted
     proc = subprocess.Popen(
         [sys.executable, "-m", "tunekit.cli", "quickstart", "--num-samples", "2", "--max-iterations", str(iterations),
          "--cpus", "2", "--storage-path", str(storage), "--name", "qs"],
@@ -136,7 +138,8 @@ def test_ctrl_c_during_quickstart_is_shown_as_interrupted_and_resume_finishes_it
     assert "Traceback" not in out, out[-3000:]
     rows = [line.split() for line in out.splitlines() if re.match(r"^\*? *[0-9a-f]{5}_\d{5}\s", line)]
     assert rows and all(row[-1] == "INTERRUPTED" for row in rows), out[-3000:]
-    assert f"trial(s) did not finish; `tunekit resume {experiment}` continues them" in out
+    command = re.search(r"trial\(s\) did not finish; `(tunekit resume [^`]+)` continues them", out).group(1)
+    assert shlex.split(command) == ["tunekit", "resume", str(experiment)], command
     assert "finished in" not in out
     record = json.loads((experiment / "tunekit-experiment.json").read_text())
     assert record["ended"] and {t["status"] for t in record["trials"]} == {"INTERRUPTED"}

@@ -104,3 +104,8 @@ def _counting():
 
 
 train_counted = _counting()
+
+
+def train_silent(config):
+    """A training function that returns without reporting anything."""
+    return None

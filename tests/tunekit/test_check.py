@@ -78,6 +78,8 @@ def test_a_nondeterministic_trainable_is_told_apart_from_an_unresumable_one(caps
     (["tunekit.trainables:DigitsTrainable", "--config", "no/such.json"], "--config: no such file no/such.json"),
     (["tunekit.trainables:DigitsTrainable", "--iterations", "4", "--at", "4"], "--at 4: expected an iteration in 1..3"),
     (["tunekit.trainables:DigitsTrainable", "--iterations", "1"], "1 must be >= 2"),
+    (["tests.tunekit.check_gallery:train_silent"],
+     "check_gallery.train_silent: the training function returned without reporting anything"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
     assert main(["check", *args]) == 2

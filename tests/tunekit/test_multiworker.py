@@ -149,6 +149,8 @@ def _killed_twice_finishes_bit_exact(mode: str, storage: Path, tmp_path: Path, w
     clean, killed = _final(tmp_path, "clean"), _final(tmp_path, "faulty")
     assert clean.keys() == killed.keys()
     assert all(torch.equal(clean[k], killed[k]) for k in clean), f"{mode} on {device}: final weights differ"
+    # The part rank 0 uploaded before the kill inside rank 1's write was removed by the trial's next save.
+    assert all(verify_checkpoint(str(c)).ok for c in _checkpoints(results["faulty"])), _checkpoints(results["faulty"])
     checkpoints = _checkpoints(results["clean"])
     assert len(checkpoints) == CONFIG["epochs"]
     for ckpt in checkpoints:
@@ -481,17 +483,25 @@ def test_an_interrupted_shard_write_is_not_damage_and_gc_leftovers_removes_it(tm
     which no Tune checkpoint points at: interrupted, not damage; `gc --leftovers` removes it."""
     exp = tmp_path / "exp"
     trial = _pointer_experiment(exp, iterations=2)
+    import shutil
+
     cut = trial / "train" / "checkpoint_2026-11-26_09"
     (cut / "rank-0").mkdir(parents=True)
     write_checkpoint(cut / "rank-0", {"rng": 0}, metadata={"rank": 0})
+    half = trial / "train" / "checkpoint_2026-11-26_08"  # rank 0's parts uploaded, rank 1 killed in its write
+    half.mkdir()
+    (half / "ranks.json").write_text(json.dumps({"world_size": 2, "sharded": True}))
+    write_checkpoint(half, {"counters": {"iteration": 3}}, metadata={"iteration": 3})  # (over rank 0's files)
+    shutil.copytree(trial / "train" / "checkpoint_2026-11-26_02" / "rank-0", half / "rank-0")
     assert main(["verify", str(exp)]) == 0
     out = capsys.readouterr().out
-    assert "interrupted: a write that never completed" in next(l for l in out.splitlines() if "_09" in l), out
+    for name in ("_08", "_09"):
+        assert "interrupted: a write that never completed" in next(l for l in out.splitlines() if name in l), out
     assert main(["status", str(exp)]) == 0
     capsys.readouterr()
     assert main(["gc", str(exp), "--leftovers", "--yes"]) == 0
     capsys.readouterr()
-    assert not cut.exists() and (trial / "train" / "checkpoint_2026-11-26_02").exists()
+    assert not cut.exists() and not half.exists() and (trial / "train" / "checkpoint_2026-11-26_02").exists()
 
 
 def test_more_workers_than_the_cluster_has_are_refused_in_one_line(ray_session, storage):

@@ -284,6 +284,7 @@ def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesyst
     RUN.update(controller=None, groups=set(), stopped=False, pending=None, ended=False, thread=thread, queue=queue,
                decisions=decisions, fs=filesystem, name=name, config=config)
     RUN["stash"].clear()
+    checked: set[str] = set()  # Train checkpoints looked at for a cut-short write (each once a run)
     thread.start()
     while (item := take()) is not None:
         metrics, path, group, controller = item
@@ -310,12 +311,33 @@ def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesyst
             with tempfile.TemporaryDirectory(prefix="tunekit-pointer-") as pointer:
                 write_pointer(pointer, path, name, config, filesystem, trial_path=trial_path)
                 _ray.report_with_checkpoint(metrics, pointer)  # (into an index no earlier worker used)
+            _drop_cut_short(filesystem, path, checked)
         decide("go")  # Tune has moved on (it saved first if it wanted to): so do the workers
     thread.join()
     stopped = RUN["stopped"]
     RUN.update(controller=None, groups=set())  # the run ended: Train removed its placement groups
     if "error" in outcome and not stopped:  # (a run Tune stopped ends with its controller's death)
         raise outcome["error"]
+
+
+def _drop_cut_short(filesystem: Any, path: str, checked: set[str]) -> None:
+    """Delete the Train checkpoints older than ``path`` (just reported) beside it that a kill cut short (a
+    rank's part or the whole's manifest missing: never reported, no pointer names them), as a single-worker
+    trial's next save removes its interrupted writes. Each name is looked at once; payloads are not read."""
+    from tunekit._interrupted import cut_short_parts
+    from tunekit.storage import resolve_storage
+
+    where = resolve_storage(path, filesystem=filesystem)
+    run_dir, newest = posixpath.split(where.path.rstrip("/"))
+    checked.add(newest)
+    try:
+        older = [n for n in _names(filesystem, posixpath.dirname(path.rstrip("/"))) if n < newest and n not in checked]
+        checked.update(older)
+        for cut in cut_short_parts(where.filesystem, run_dir, older):
+            where.filesystem.delete_dir(posixpath.join(run_dir, cut))
+            logger.info("tunekit: %s: removed %s, a checkpoint write a kill cut short", run_dir, cut)
+    except OSError as exc:  # tidying only: `tunekit gc --leftovers` removes what is left
+        logger.warning("tunekit: %s: could not remove a cut-short checkpoint write: %s", run_dir, exc)
 
 
 def write_pointer(directory: str, path: str, name: str, config: dict[str, Any], filesystem: Any, *,
