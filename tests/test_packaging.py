@@ -47,7 +47,7 @@ class Mine(DigitsTrainable):
         return metrics
 
 
-ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
 grid = tune.Tuner(
     Mine,
     param_space={"hidden_size": 8, "steps_per_iteration": 2},

@@ -188,7 +188,7 @@ class FunctionSession:
         directory = tempfile.mkdtemp(prefix="tunekit-ckpt-")
         try:
             self.save(directory)
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+            _ray.report_with_checkpoint(metrics, directory)  # (to remote storage: its manifest last)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 

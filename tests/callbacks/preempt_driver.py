@@ -15,7 +15,7 @@ NAME = "preempt"
 
 
 def main(mode: str, storage: str) -> int:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     if mode == "start":
         tuner = tune.Tuner(
             ScriptedTrainable,

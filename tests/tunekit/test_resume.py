@@ -263,7 +263,9 @@ def other_ray():
             break
     else:
         pytest.fail("ray start --head did not start:\n" + "".join(lines[-30:]))
-    session = Path("/tmp/ray/session_latest").resolve()
+    # (its own session: the one whose GCS listens on its port; another Ray may have started since)
+    session = next(s for s in Path("/tmp/ray").glob("session_2*")
+                   if any(f.read_text().strip() == str(port) for f in s.glob("gcs_server_port_*")))
     try:
         yield session
     finally:

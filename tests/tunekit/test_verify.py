@@ -227,3 +227,35 @@ def test_a_save_to_s3_over_an_earlier_unregistered_attempt_commits_its_own_state
     assert saved.checkpoint.path == earlier.checkpoint.path
     assert verify_checkpoint(saved.checkpoint).ok
     assert read_metadata(saved.checkpoint)["iteration"] == 3
+
+
+def test_a_function_trials_own_checkpoints_reach_s3_with_their_manifest_last(ray_session, s3_bucket, tmp_path):
+    """``session.report(..., checkpoint=True)`` to S3: each checkpoint whole; the manifest an earlier attempt at
+    the same index left is deleted before the upload starts and the new one written after it (an attempt cut
+    short leaves no manifest, so nothing describes bytes it did not write)."""
+    import pyarrow.fs as pafs
+
+    from tunekit.trainables import TrainDigits
+    from tunekit._ray.upload import _manifest_last
+
+    grid = tune.Tuner(TrainDigits, param_space={**CONFIG, "seed": 1},
+                      run_config=tune.RunConfig(name="fn", storage_path=s3_bucket.uri("runs"), verbose=0,
+                                                stop={"training_iteration": 2})).fit()
+    assert not grid.errors, grid.errors
+    assert main(["verify", s3_bucket.uri("runs", "fn")]) == 0
+    manifests = sorted(k for k in s3_bucket.keys() if k.endswith("/manifest.json"))
+    assert [posixpath.basename(posixpath.dirname(k)) for k in manifests] == ["checkpoint_000000", "checkpoint_000001"]
+
+    fs = resolve_storage(s3_bucket.uri("runs", "fn")).filesystem
+    target = f"{s3_bucket.name}/{posixpath.dirname(manifests[-1])}"
+    (tmp_path / "manifest.json").write_text("{}")
+    seen = []
+
+    def cut_short():  # an upload a kill interrupts
+        seen.append(fs.get_file_info(f"{target}/manifest.json").type)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _manifest_last(fs, target, str(tmp_path), cut_short)
+    assert seen == [pafs.FileType.NotFound]  # the earlier manifest gone before the upload began
+    assert fs.get_file_info(f"{target}/manifest.json").type == pafs.FileType.NotFound  # and none written after

@@ -27,7 +27,9 @@ Private names, by owner:
   and by :func:`offline_storage`, which overrides ``_get_session_path``, for ``tunekit check``):
   ``_update_checkpoint_index``, ``current_checkpoint_index``, ``_check_validation_file``,
   ``_create_validation_file``, ``checkpoint_fs_path``, ``persist_artifacts``,
-  ``sync_config``, ``storage_filesystem``, ``_make_checkpoint_dir_name`` (where a remote upload goes next).
+  ``sync_config``, ``storage_filesystem``, ``_make_checkpoint_dir_name`` (where a remote upload goes next),
+  ``persist_current_checkpoint`` (a function trial's ``tune.report`` calls it on the instance; wrapped there
+  for one report so that a remote upload's manifest goes last).
 * ``PopulationBasedTraining``: the hooks ``_checkpoint_or_exploit`` and
   ``_exploit`` and ``_trial_state[trial].last_train_time``.
 * ``Trial.temporary_state.ray_actor`` (the trial's worker), ``_TrialInfo`` and the

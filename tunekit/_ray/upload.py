@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+from collections.abc import Callable
 from typing import Any
 
 from ray import tune
@@ -31,37 +32,69 @@ def report_checkpoint_dir(trainable: tune.Trainable, directory: str) -> Training
     checkpoint without a manifest (an interrupted upload, which readers name
     so), never one whose manifest describes other bytes.
     """
+    storage = _ray.trainable_storage(trainable)
+    _skip_used_indexes(storage)
+    if not _commits_last(storage, directory):
+        return trainable._report_class_trainable_checkpoint(directory, directory)
+    from ray.train._internal.storage import StorageContext
+
+    target = posixpath.join(storage.trial_fs_path,
+                            StorageContext._make_checkpoint_dir_name(storage.current_checkpoint_index + 1))
+    return _manifest_last(storage.storage_filesystem, target, directory,
+                          lambda: trainable._report_class_trainable_checkpoint(directory, directory))
+
+
+def _commits_last(storage: Any, directory: str) -> bool:
+    """Whether a checkpoint ``directory`` goes to remote storage with its manifest last (a tunekit one)."""
     import pyarrow.fs as pafs
 
     from tunekit._manifest import MANIFEST_FILE
 
-    storage = _ray.trainable_storage(trainable)
-    _skip_used_indexes(storage)
-    held = os.path.join(directory, MANIFEST_FILE)
-    if storage is None or type(storage.storage_filesystem) is pafs.LocalFileSystem or not os.path.exists(held):
-        return trainable._report_class_trainable_checkpoint(directory, directory)
-    from ray.train._internal.storage import StorageContext
+    return storage is not None and type(storage.storage_filesystem) is not pafs.LocalFileSystem and \
+        os.path.exists(os.path.join(directory, MANIFEST_FILE))
 
-    fs = storage.storage_filesystem
-    target = posixpath.join(storage.trial_fs_path,
-                            StorageContext._make_checkpoint_dir_name(storage.current_checkpoint_index + 1))
+
+def _manifest_last(fs: Any, target: str, directory: str, upload: Callable[[], Any]) -> Any:
+    """Delete the manifest an earlier attempt left at ``target``, ``upload()`` the rest of ``directory``
+    there, then write its manifest: a kill at any point leaves no manifest over other bytes."""
+    import pyarrow.fs as pafs
+
+    from tunekit._manifest import MANIFEST_FILE
+
     stale = posixpath.join(target, MANIFEST_FILE)
     if fs.get_file_info(stale).type != pafs.FileType.NotFound:
         fs.delete_file(stale)
+    held = os.path.join(directory, MANIFEST_FILE)
     with open(held, "rb") as fh:
         manifest = fh.read()
     os.remove(held)
-    result = trainable._report_class_trainable_checkpoint(directory, directory)
-    with fs.open_output_stream(posixpath.join(result.checkpoint.path, MANIFEST_FILE)) as out:
+    result = upload()
+    with fs.open_output_stream(stale) as out:
         out.write(manifest)
     return result
 
 
 def report_with_checkpoint(metrics: dict[str, Any], directory: str) -> None:
     """``tune.report(metrics, checkpoint=directory)`` from a function trial, into an index never used in the
-    trial's directory (Ray persists the checkpoint into ``checkpoint_<its counter>``)."""
-    _skip_used_indexes(session_storage())
-    tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+    trial's directory (Ray persists the checkpoint into ``checkpoint_<its counter>``); to remote storage a
+    tunekit checkpoint's manifest last, as :func:`report_checkpoint_dir` uploads it."""
+    storage = session_storage()
+    _skip_used_indexes(storage)
+    checkpoint = tune.Checkpoint.from_directory(directory)
+    if not _commits_last(storage, directory):
+        tune.report(metrics, checkpoint=checkpoint)
+        return
+    persist = storage.persist_current_checkpoint  # (Ray calls it with the index it is about to use set)
+
+    def manifest_last(ckpt: Any) -> Any:
+        return _manifest_last(storage.storage_filesystem, storage.checkpoint_fs_path, directory,
+                              lambda: persist(ckpt))
+
+    storage.persist_current_checkpoint = manifest_last
+    try:
+        tune.report(metrics, checkpoint=checkpoint)
+    finally:
+        del storage.persist_current_checkpoint
 
 
 def session_storage() -> Any:
