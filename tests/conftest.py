@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -24,6 +25,8 @@ os.environ.pop("AWS_SESSION_TOKEN", None)
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Where moto's request recorder (S3Server.recording) writes, one file per test process.
+os.environ["MOTO_RECORDER_FILEPATH"] = os.path.join("/tmp", f"tunekit-moto-requests-{os.getpid()}.jsonl")
 
 
 def _init_ray(**kwargs):
@@ -161,6 +164,26 @@ class S3Server:
             self._server = self._cls(ip_address="127.0.0.1", port=self.port, verbose=False)
             self._server.start()
             self.running = True
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list[str]]:
+        """The requests the server answers inside the block, each ``"METHOD url"`` (moto's own recorder)."""
+        import json
+        import urllib.request
+
+        def call(action: str) -> None:
+            urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/recorder/{action}",
+                                                          method="POST"), timeout=30).read()
+
+        seen: list[str] = []
+        call("reset-recording")
+        call("start-recording")
+        try:
+            yield seen
+        finally:
+            call("stop-recording")
+            with open(os.environ["MOTO_RECORDER_FILEPATH"]) as fh:
+                seen += [f"{e['method']} {e['url']}" for e in map(json.loads, fh) if e]
 
     def client(self):
         import boto3

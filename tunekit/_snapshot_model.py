@@ -220,6 +220,8 @@ class ExperimentSnapshot:
     interrupted: list[str] = field(default_factory=list)
     #: The storage it was read from (a :class:`~tunekit.storage.Storage`), else None (:attr:`location` resolves).
     storage: Any = field(default=None, repr=False, compare=False)
+    #: Every checkpoint's files (:func:`tunekit.experiment_dir.checkpoint_files`) where one listing read them.
+    listed_files: dict[str, dict[str, int]] | None = field(default=None, repr=False, compare=False)
     _verdicts: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property

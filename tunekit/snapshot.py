@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import json
 import posixpath
-import re
-from typing import Any
+from typing import Any, Callable
 
 from tunekit._checks import as_number
-from tunekit._manifest import manifest_sizes, size_problems
+from tunekit._exploit_log import PBT_LOG, id_in_name, read_exploits, tag_of, trial_tags
+from tunekit._index import RemoteIndex
+from tunekit._manifest import MANIFEST_FILE, manifest_sizes, size_problems
 from tunekit.checkpoint import METADATA_FILE as METADATA_NAME
 from tunekit.checkpoint import read_metadata
 from tunekit.errors import CheckpointError
-from tunekit.experiment_dir import (POINTER_KEY, TRAIN_DIR, TrialDir, checkpoint_files, pointer_target, root_files,
+from tunekit.experiment_dir import (POINTER_KEY, TRAIN_DIR, CheckpointDir, TrialDir, checkpoint_files, pointer_target,
                                     scan_experiment)
 from tunekit.record import interrupted_trials, read_record
 from tunekit.results import (RESTORED_FROM_KEY, dedupe_lineage, exploits_by_trial, gc_paused, parse_result_lines,
@@ -51,7 +52,7 @@ __all__ = [
     "read_state_problems", "registered_in_state", "trial_tags",
 ]
 
-_PICKLED, PBT_LOG = "CLOUDPICKLE_FALLBACK", "pbt_global.txt"  # (PBT_LOG: Ray's log of PBT exploits)
+_PICKLED = "CLOUDPICKLE_FALLBACK"
 
 
 def _clean(value: Any) -> Any:
@@ -70,7 +71,8 @@ def check_storage(snapshot: ExperimentSnapshot) -> dict[str, int]:
     files against its manifest's sizes (listed, not hashed: a missing or cut file) and Ray's newest
     search-algorithm and callback states (torn: Ray would start over). Returns trial id -> its checkpoints' bytes."""
     experiment = snapshot.storage or resolve_storage(snapshot.location)
-    files = checkpoint_files(experiment, [f"{t.name}/{c.name}" for t in snapshot.trials for c in t.checkpoints])
+    files = snapshot.listed_files if snapshot.listed_files is not None else \
+        checkpoint_files(experiment, [f"{t.name}/{c.name}" for t in snapshot.trials for c in t.checkpoints])
     for trial in snapshot.trials:
         for ckpt in trial.checkpoints:
             if ckpt.manifest is None or ckpt.name.startswith(f"{TRAIN_DIR}/"):
@@ -101,8 +103,19 @@ def error_message(text: str | None) -> str | None:
     return lines[-1] if lines else None
 
 
-def _read_params(experiment: Storage, trial: TrialDir, problems: list[str]) -> dict[str, Any] | None:
-    params_text = read_text(experiment.filesystem, posixpath.join(trial.location.path, "params.json"))
+def _read(experiment: Storage, trial: TrialDir, name: str, index: RemoteIndex | None,
+          parse: Callable[[str | None], Any] = lambda text: text) -> Any:
+    """``parse`` of the text of the trial's file ``name`` (None: no such file), from the index where it holds it."""
+    def read() -> Any:
+        return parse(read_text(experiment.filesystem, posixpath.join(trial.location.path, name)))
+
+    return read() if index is None else index.value(f"{trial.name}/{name}", [f"{trial.name}/{name}"], read,
+                                                    absent=parse(None))
+
+
+def _read_params(experiment: Storage, trial: TrialDir, problems: list[str],
+                 index: RemoteIndex | None = None) -> dict[str, Any] | None:
+    params_text = _read(experiment, trial, "params.json", index)
     if not params_text:
         return None
     try:
@@ -113,20 +126,39 @@ def _read_params(experiment: Storage, trial: TrialDir, problems: list[str]) -> d
 
 
 def _read_trial_dir(
-    experiment: Storage, trial: TrialDir, problems: list[str]
+    experiment: Storage, trial: TrialDir, problems: list[str], index: RemoteIndex | None = None
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str | None]:
-    fs = experiment.filesystem
-    params = _read_params(experiment, trial, problems)
-    results_text = read_text(fs, posixpath.join(trial.location.path, "result.json")) or ""
-    rows, bad = parse_result_lines(results_text)
+    params = _read_params(experiment, trial, problems, index)
+    rows, bad = _read(experiment, trial, "result.json", index, lambda text: parse_result_lines(text or ""))
     if bad:
         problems.append(f"{trial.name}/result.json: {bad} damaged line(s) skipped")
-    error = error_message(read_text(fs, posixpath.join(trial.location.path, "error.txt")))
+    error = _read(experiment, trial, "error.txt", index, error_message)
     return params, rows, error
 
 
+def _metadata(ckpt: CheckpointDir) -> dict[str, Any] | str:
+    """A checkpoint's ``tunekit.json``, or why it cannot be read."""
+    try:
+        return read_metadata(ckpt.location)
+    except CheckpointError as exc:
+        return str(exc)
+
+
+def _checkpoint_files(trial: TrialDir, ckpt: CheckpointDir, index: RemoteIndex | None) -> tuple[Any, Any]:
+    """A checkpoint's ``tunekit.json`` (or why not) and :func:`manifest_sizes`, from the index where it holds them."""
+    if index is None:
+        return _metadata(ckpt), manifest_sizes(ckpt.location)
+    where = f"{trial.name}/{ckpt.name}"
+    meta = index.value(f"{where}/{METADATA_NAME}", [f"{where}/{METADATA_NAME}"], lambda: _metadata(ckpt),
+                       absent=f"not a tunekit checkpoint (no {METADATA_NAME})")
+    unsupported, listed = index.value(f"{where}/{MANIFEST_FILE}", [f"{where}/{MANIFEST_FILE}"],
+                                      lambda: list(manifest_sizes(ckpt.location)), absent=[None, None])
+    return meta, (unsupported, listed)
+
+
 def _checkpoints(
-    trial: TrialDir, raw_rows: list[dict[str, Any]], rows: list[dict[str, Any]], problems: list[str]
+    trial: TrialDir, raw_rows: list[dict[str, Any]], rows: list[dict[str, Any]], problems: list[str],
+    index: RemoteIndex | None = None,
 ) -> list[CheckpointSummary]:
     by_name = {}
     for row in raw_rows:  # the newest row naming a checkpoint wins
@@ -137,12 +169,11 @@ def _checkpoints(
     for ckpt in trial.checkpoints:
         row = by_name.get(ckpt.name, {})
         iteration = row.get("training_iteration")
-        try:
-            meta = read_metadata(ckpt.location)
-        except CheckpointError as exc:
-            meta = {}
-            if "unreadable" in str(exc) or "expected a JSON object" in str(exc):
+        meta, (unsupported, listed) = _checkpoint_files(trial, ckpt, index)
+        if not isinstance(meta, dict):
+            if "unreadable" in meta or "expected a JSON object" in meta:
                 problems.append(f"checkpoint {ckpt.location.uri} is corrupt: {METADATA_NAME} cannot be read")
+            meta = {}
         meta_iteration = meta.get("iteration")
         if isinstance(meta_iteration, int):
             iteration = meta_iteration
@@ -154,7 +185,7 @@ def _checkpoints(
             k: v for k, v in {**saved, **row}.items()
             if as_number(v) is not None and k != "training_iteration"
         }
-        unsupported, listed = manifest_sizes(ckpt.location)  # (tunekit.json lost, the manifest lists it: damage)
+        # (tunekit.json lost, the manifest lists it: damage)
         if not meta and not isinstance(listed, dict):  # (neither file tunekit's: another writer's checkpoint)
             unsupported, listed = None, None
         value = meta.get(POINTER_KEY)
@@ -185,69 +216,6 @@ def _mark_registered(experiment: Storage, trials: list[TrialSnapshot], recorded:
         ckpt.registered = None if names is None else ckpt.name in names
 
 
-def _tag(trial: dict[str, Any], dir_name: str) -> str | None:
-    """The trial's original experiment tag (its index), as PBT's logs name it."""
-    tag = trial.get("experiment_tag")
-    if isinstance(tag, str) and tag:
-        return tag.split("@")[0]
-    parts = dir_name.split("_")
-    for i, part in enumerate(parts[:-1]):  # <trainable>_<id>_<index>_<params...>
-        if len(part) == 5 and part.isdigit() and i + 1 < len(parts) and parts[i + 1].isdigit():
-            return parts[i + 1]
-    return None
-
-
-def read_exploits(experiment: Storage, tags: dict[str, str], files: list[str] | None = None) -> list[Exploit]:
-    """The exploits in Ray's ``pbt_global.txt`` and the copies ``tunekit resume`` kept of it (Ray starts the
-    file anew in a resumed run), each line once; none if there is no such file.
-
-    Args:
-        tags: A trial's experiment tag (``"3_lr=0.01"``, or its index ``"3"``)
-            to its trial id; a tag not in it stays as logged.
-        files: The experiment's top-level files, when listed already.
-    """
-    files = root_files(experiment) if files is None else files
-    names = [f for f in files if f.startswith(f"{PBT_LOG}.before-resume-")] + [PBT_LOG]
-    lines = dict.fromkeys(line for name in names
-                          for line in (read_text(experiment.filesystem, posixpath.join(experiment.path, name))
-                                       or "").splitlines())
-    out = []
-    for line in lines:
-        try:
-            target, source, target_iter, source_iter, source_config, new_config = json.loads(line)
-            record = Exploit(
-                target=tags.get(str(target), tags.get(str(target).split("_")[0], str(target))),
-                source=tags.get(str(source), tags.get(str(source).split("_")[0], str(source))),
-                iteration=int(target_iter),
-                source_iteration=int(source_iter),
-                source_config=dict(source_config or {}),
-                new_config=dict(new_config or {}),
-            )
-        except (ValueError, TypeError):
-            continue
-        out.append(record)
-    return out
-
-
-def trial_tags(trials: list[TrialSnapshot]) -> dict[str, str]:
-    """Each trial's experiment tag (and its index) -> its trial id, as ``pbt_global.txt`` names trials."""
-    out: dict[str, str] = {}
-    for t in trials:
-        if t.tag is not None:  # Ray logs the full original tag ("0_lr=0.01"); older logs the index
-            out[t.tag] = t.trial_id
-            out.setdefault(t.tag.split("_")[0], t.trial_id)
-    return out
-
-
-_TRIAL_ID_IN_NAME = re.compile(r"(?:^|_)([0-9a-f]{5}_\d{5})(?:_|$)")
-
-
-def _id_in_name(dir_name: str) -> str:
-    """Ray's trial id in its directory name (``<trainable>_<id>_<index>_...``), else the name."""
-    match = _TRIAL_ID_IN_NAME.search(dir_name)
-    return match[1] if match else dir_name
-
-
 def _infer_status(rows: list[dict[str, Any]], error: str | None) -> str:
     if error:
         return "ERROR"
@@ -275,7 +243,9 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
 
 
 def _read_experiment(experiment: Storage, results: bool) -> ExperimentSnapshot:
-    trial_dirs, files = scan_experiment(experiment, checkpoints=results)
+    index = RemoteIndex.list(experiment) if results and not experiment.is_local else None
+    trial_dirs, files = scan_experiment(experiment, checkpoints=results,
+                                        listed=index.children if index is not None else None)
     problems: list[str] = []
     damaged_states: list[str] = []
     state_file, state = read_state(experiment, problems, damaged_states, files)
@@ -292,7 +262,7 @@ def _read_experiment(experiment: Storage, results: bool) -> ExperimentSnapshot:
         entry = recorded.get(trial_dir.name, {})
         trial, runtime = entry.get("trial", {}), entry.get("runtime", {})
         if results:
-            params, raw_rows, error = _read_trial_dir(experiment, trial_dir, problems)
+            params, raw_rows, error = _read_trial_dir(experiment, trial_dir, problems, index)
         else:
             params, raw_rows, error = _read_params(experiment, trial_dir, problems) if "config" not in trial else None, [], None
         for copy in trial_dir.damaged_copies:
@@ -302,7 +272,7 @@ def _read_experiment(experiment: Storage, results: bool) -> ExperimentSnapshot:
         last = _clean(runtime.get("last_result")) or (rows[-1] if rows else {})
         if rows and rows[-1].get("training_iteration", 0) >= last.get("training_iteration", 0):
             last = rows[-1]
-        checkpoints = _checkpoints(trial_dir, raw_rows, rows, problems) if results else []
+        checkpoints = _checkpoints(trial_dir, raw_rows, rows, problems, index) if results else []
         iterations = max(
             [int(last.get("training_iteration") or 0)]
             + [c.iteration for c in checkpoints if isinstance(c.iteration, int)]
@@ -316,7 +286,7 @@ def _read_experiment(experiment: Storage, results: bool) -> ExperimentSnapshot:
             status = "RUNNING"  # the state file is older than the trial's progress
         trials.append(
             TrialSnapshot(
-                trial_id=str(trial.get("trial_id") or last.get("trial_id") or _id_in_name(trial_dir.name)),
+                trial_id=str(trial.get("trial_id") or last.get("trial_id") or id_in_name(trial_dir.name)),
                 name=trial_dir.name,
                 trainable_name=trial.get("trainable_name"),
                 config=config,
@@ -327,7 +297,7 @@ def _read_experiment(experiment: Storage, results: bool) -> ExperimentSnapshot:
                 num_failures=int(runtime.get("num_failures") or 0),
                 checkpoints=checkpoints,
                 results=rows,
-                tag=_tag(trial, trial_dir.name),
+                tag=tag_of(trial, trial_dir.name),
             )
         )
     problems += missing_dirs(recorded, seen)
@@ -367,7 +337,10 @@ def _read_experiment(experiment: Storage, results: bool) -> ExperimentSnapshot:
         t.missing_iterations = rows_lost([r.get("training_iteration") for r in t.results],
                                          [r.get(RESTORED_FROM_KEY) for r in t.results], own=t.name,
                                          exploits=clones.get(t.trial_id, []), continued=t.continued)
+    if index is not None:
+        index.save()
     return ExperimentSnapshot(
+        listed_files=index.checkpoint_files() if index is not None else None,
         name=posixpath.basename(experiment.path.rstrip("/")),
         location=experiment.uri,
         start_time=start_time,

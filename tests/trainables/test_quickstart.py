@@ -85,6 +85,38 @@ def test_quickstart_on_s3(ray_session, s3_bucket, capsys):
     assert verify_checkpoint(ckpt).ok
     assert isinstance(DigitsTrainable.load_model(ckpt), torch.nn.Module)
     assert main(["verify", experiment]) == 0
+    _status_reads_the_index(experiment, s3_bucket, capsys)
+
+
+def _status_reads_the_index(experiment, s3_bucket, capsys):
+    """`status` on S3 lists the experiment once and takes what it parsed of each file unchanged since from the
+    index it keeps (`.tunekit-index.json`); a damaged index, or a checkpoint gone, is read the slow way."""
+    import pyarrow.fs as pafs
+
+    from tunekit import resolve_storage
+
+    capsys.readouterr()
+    assert main(["status", experiment, "--json"]) == 0
+    first = capsys.readouterr().out
+    with s3_bucket.server.recording() as seen:
+        assert main(["status", experiment, "--json"]) == 0
+    assert capsys.readouterr().out == first
+    trials = len(json.loads(first)["trials"])
+    # (the reads without the index: about 20 a trial)
+    assert len(seen) <= 25 + trials, "\n".join(seen)
+    index = next(k for k in s3_bucket.keys() if k.endswith("qs/.tunekit-index.json"))
+    where = resolve_storage(experiment)
+    with where.filesystem.open_output_stream(f"{s3_bucket.name}/{index}") as out:
+        out.write(b'{"format": "tunekit-ind')  # cut short
+    assert main(["status", experiment, "--json"]) == 0
+    assert capsys.readouterr().out == first
+    gone = sorted(k for k in s3_bucket.keys() if "/checkpoint_" in k)[0].rsplit("/", 1)[0]
+    where.filesystem.delete_dir(f"{s3_bucket.name}/{gone}")
+    assert where.filesystem.get_file_info(f"{s3_bucket.name}/{gone}").type == pafs.FileType.NotFound
+    assert main(["status", experiment, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    names = [c["name"] for t in shown["trials"] for c in t["checkpoints"]]
+    assert sum(1 for t in json.loads(first)["trials"] for _ in t["checkpoints"]) == len(names) + 1
 
 
 def test_quickstart_fails_before_any_trial_when_storage_is_unreachable(s3_bucket, capsys):
