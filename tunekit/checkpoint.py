@@ -161,13 +161,12 @@ _CRC32_OPTION = threading.Lock()
 def _torch_save_without_crc32(state: dict[str, Any], writer: _HashingWriter) -> None:
     """``torch.save(state, writer)`` without the zip format's per-record CRC32.
 
-    The CRC32 is about 40% of the write's CPU time (0.17 s of 0.42 s for
-    0.75 GiB here), spent on the helper thread while training runs on the
-    other core; the manifest's XXH3 hashes already cover every byte and are
+    The CRC32 is a large share of the write's CPU time, spent on the helper
+    thread while training runs on the other core; the manifest's XXH3 hashes already cover every byte and are
     what restore verifies, and ``torch.load`` does not check the CRC. torch's
     switch is process-wide and read once, when ``torch.save`` opens its zip
     writer (before the first write), so it is off only until that first write:
-    a ``torch.save`` of the user's in another thread in that window (a few ms)
+    a ``torch.save`` of the user's in another thread in that short window
     would also skip its CRC32, which costs it nothing ``torch.load`` needs.
     """
     import torch

@@ -183,7 +183,7 @@ class ExperimentRecorder:
         #: id(callback) -> the info it last described itself with (each step's call after the first: a lookup)
         self.seen: dict[int, Any] = {}
         #: The experiment directory, and each trial's directory name: read once (Ray builds ``trial.path``
-        #: anew on each call, 40-100 us; a trial keeps its directory).
+        #: anew on each call; a trial keeps its directory).
         self._experiment: str | None = None
         self._dirs: dict[str, str] = {}
         #: The SIGTERM handler this run replaced (put back at its end), else None.

@@ -56,8 +56,8 @@ def read_bytes(fs: pafs.FileSystem, path: str) -> bytes | None:
 
 def file_bytes(fs: pafs.FileSystem, path: str) -> bytes | None:
     """A file's bytes, or None if there is no such file; the storage's own errors pass (the caller names where)."""
-    if type(fs) is pafs.LocalFileSystem:  # Python's own read: pyarrow's stream takes 4 ms for Ray's 5 MB state,
-        try:                              # and 10-15 us against 5 for each of a sweep's small files
+    if type(fs) is pafs.LocalFileSystem:  # Python's own read: cheaper than pyarrow's stream, for Ray's large
+        try:                              # experiment state and for each of a sweep's small files alike
             with open(path, "rb") as file:
                 return file.read()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
@@ -73,8 +73,8 @@ def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector held off while a reader builds what it parsed (as it was before,
     after). Most of what a reader parses (Ray's experiment state, every trial's state) lives only until it
     returns, and reference counting frees it then; collections in between scan it in vain and move it to the
-    older generations, whose full collections (15-20 ms in a process that imported pandas, Arrow and Ray)
-    then come every few reads: 35-40 ms spikes in a read of 20 ms. Nothing is kept from collection: what is
+    older generations, whose full collections (long in a process that imported pandas, Arrow and Ray)
+    then come every few reads, each longer than the read itself. Nothing is kept from collection: what is
     left when the collector is back is collected as before."""
     enabled = gc.isenabled()
     gc.disable()
@@ -92,7 +92,7 @@ def read_text(fs: pafs.FileSystem, path: str) -> str | None:
 
 
 def loads(data: bytes | str) -> Any:
-    """JSON, by orjson (Ray's 5 MB experiment state in 4 ms, Python's json 6) where it can read it, else by
+    """JSON, by orjson (faster than Python's json on Ray's large experiment state) where it can read it, else by
     Python's json, which also reads what orjson refuses (``NaN``, ``Infinity``, integers beyond 64 bits) and
     whose error (a ``ValueError``) names where a damaged text breaks off.
 

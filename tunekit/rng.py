@@ -40,7 +40,7 @@ def capture_rng() -> dict[str, Any]:
         last = _last_python = (internal, torch.tensor(internal, dtype=torch.int64))
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
-        # (one tensor, not 625 ints: each int is an object for every copy and for the pickler, ~1 ms a save)
+        # (one tensor, not 625 ints: each int is an object for every copy and for the pickler)
         "python": {"version": version, "state": last[1], "gauss": gauss},
         "numpy": {
             "kind": str(kind),

@@ -308,7 +308,7 @@ def test_a_budget_counts_each_train_checkpoint_of_a_multi_worker_trial_once(tmp_
 
 
 def test_a_train_checkpoint_goes_with_the_unregistered_older_pointers_naming_it_and_stays_for_a_newer_one(tmp_path):
-    """CI77: a pointer written as Tune stopped a trial for PBT, never registered, named a Train checkpoint
+    """Seen in CI: a pointer written as Tune stopped a trial for PBT, never registered, named a Train checkpoint
     ``KeepCheckpoints`` deleted, and ``verify`` found a pointer to a missing checkpoint. Such a pointer goes
     first, then the Train checkpoint; one newer than every registered pointer is being written: it stays."""
     import pyarrow.fs as pafs

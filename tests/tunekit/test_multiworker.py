@@ -286,9 +286,9 @@ def test_pbt_clones_a_donor_sharded_checkpoint_with_the_mutated_rate_in_effect(f
         # one Tune checkpoint kept, and of the Train checkpoints (one an iteration), the one it names; at most
         # one more of each: written as Tune stopped the trial (PBT's pause or exploit) and never registered by
         # Tune, so no policy run by Tune counts it (``tunekit gc`` takes those after the run; KeepCheckpoints
-        # deletes such a pointer with the Train checkpoint it names: CI77 had it name a deleted one). Such a
+        # deletes such a pointer with the Train checkpoint it names: CI once saw it name a deleted one). Such a
         # pointer is older than the kept one and lies in a directory of its own: a later report never writes
-        # into it (CI70, CI72: Ray's lagging counter had the next pointer written over it)
+        # into it (seen in CI: Ray's lagging counter had the next pointer written over it)
         kept = Path(result.checkpoint.path)
         pointers = sorted(Path(result.path).glob("checkpoint_0*"))
         assert kept in pointers and len(pointers) <= 2, pointers

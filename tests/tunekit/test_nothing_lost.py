@@ -163,7 +163,7 @@ def _reports_after_a_lost_registration(config):
 
 def test_a_reported_checkpoint_never_goes_into_a_directory_an_earlier_worker_wrote(ray_session, tmp_path):
     """Multi-worker trials report their pointers through Ray's ``tune.report``, which persists into
-    ``checkpoint_<Ray's counter>``; a lagging counter (CI70: a donor's pointer written twice as
+    ``checkpoint_<Ray's counter>``; a lagging counter (seen in CI: a donor's pointer written twice as
     ``checkpoint_000001``) must not make it write into, and over, a checkpoint directory already there."""
     from ray import tune
 
