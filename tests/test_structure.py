@@ -128,8 +128,29 @@ def _top_level_imports(name: str, path: Path) -> set[str]:
     return {m for m in found if m in known and m != name and m not in parents}
 
 
+def _all_imports(name: str, path: Path) -> set[str]:
+    """The tunekit modules ``name`` imports anywhere, inside functions too (not for type checking only)."""
+    known = {n for n, _ in MODULES}
+    found = set()
+    tree = ast.parse(path.read_text())
+    skipped = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+               for sub in ast.walk(node)}
+    for sub in ast.walk(tree):
+        if id(sub) in skipped:
+            continue
+        if isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
+            found.add(sub.module)
+            found.update(f"{sub.module}.{a.name}" for a in sub.names if f"{sub.module}.{a.name}" in known)
+        elif isinstance(sub, ast.Import):
+            found.update(a.name for a in sub.names)
+    parents = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+    return {m for m in found if m in known and m != name and m not in parents}
+
+
 def test_no_import_cycles():
-    graph = {name: _top_level_imports(name, path) for name, path in MODULES}
+    """No cycle among the library's modules, counting every import: those inside functions too (a cycle hidden
+    behind a function-local import is still one module needing the other's layer and the other its)."""
+    graph = {name: _all_imports(name, path) for name, path in MODULES}
     cycles, state = [], {}
 
     def visit(node: str, stack: list[str]) -> None:
@@ -147,9 +168,21 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-#: The checkpoint layer and the trainables, whose functions stay short enough to read whole.
-_CHECKPOINT_LAYER = ("checkpoint.py", "_manifest.py", "_trial_dir.py", "_saving.py", "_restoring.py", "_checkpointer.py",
-                     "torch_trainable.py", "function.py", "integrations")
+#: Functions (docstring included) longer than the 60-line cap that holds everywhere else in the library: each
+#: to be split, never one added. (module, function) -> its lines when this list was made.
+LONG_FUNCTIONS = {
+    ("tunekit/_status_text.py", "print_snapshot"): 88,
+    ("tunekit/analysis.py", "load_results"): 76,
+    ("tunekit/cli.py", "_build_parser"): 114,
+    ("tunekit/gc.py", "plan_gc"): 80,
+    ("tunekit/multiworker/trial.py", "train_trial"): 94,
+    ("tunekit/pbt.py", "pbt_setup"): 84,
+    ("tunekit/report.py", "_write"): 95,
+    ("tunekit/resume.py", "extend_experiment"): 71,
+    ("tunekit/resume.py", "_resume_from_record"): 68,
+    ("tunekit/snapshot.py", "_read_experiment"): 111,
+    ("tunekit/verify.py", "verify_experiment"): 82,
+}
 
 
 def test_modules_and_functions_stay_small():
@@ -159,10 +192,12 @@ def test_modules_and_functions_stay_small():
         lines = len(path.read_text().splitlines())
         if rel.parts[0] == "tunekit" and lines > 400:
             problems.append(f"{rel}: {lines} lines (at most 400)")
-        if rel.parts[0] == "tunekit" and rel.parts[1] in _CHECKPOINT_LAYER:
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
-                    problems.append(f"{rel}:{node.lineno} {node.name}(): {node.end_lineno - node.lineno + 1} lines")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            length, allowed = node.end_lineno - node.lineno + 1, LONG_FUNCTIONS.get((rel.as_posix(), node.name), 60)
+            if length > allowed:
+                problems.append(f"{rel}:{node.lineno} {node.name}(): {length} lines (at most {allowed})")
     assert not problems, "\n".join(problems)
 
 

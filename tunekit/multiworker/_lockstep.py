@@ -25,8 +25,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DECIDE_KEY", "Decisions", "ENDED_KEY", "LOCKSTEP_KEYS", "RUN", "SAVED_FOR_KEY", "ask_for_checkpoint",
-           "decide", "decisions_actor", "end_run", "lockstep_trainable", "take", "with_end_handshake"]
+__all__ = ["DECIDE_KEY", "Decisions", "ENDED_KEY", "GROUP_KEY", "LOCKSTEP_KEYS", "RUN", "SAVED_FOR_KEY", "START_KEYS",
+           "ask_for_checkpoint", "decide", "decisions_actor", "end_run", "lockstep_trainable", "take"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,12 @@ LOCKSTEP_KEYS = ("tunekit/decisions", "tunekit/queue")
 #: (``"<placement group>:<iteration>"``), answers a save Tune asked for (the decision's key), and says that
 #: the loop has ended (the end's key).
 DECIDE_KEY, SAVED_FOR_KEY, ENDED_KEY = "tunekit/decide", "tunekit/saved_for", "tunekit/loop_ended"
+#: Config keys through which a trial tells its workers which checkpoint Tune handed it (its own pointer, or
+#: a PBT donor's), and the Train checkpoints its Train run had written before: those are older than Tune's
+#: view (a PBT clone's own) or newer than it (written after the report Tune paused the trial at).
+START_KEYS = ("tunekit/start_from", "tunekit/written_before")
+#: Metrics key through which rank 0 tells the trial its worker group's placement group (never reaches Tune).
+GROUP_KEY = "tunekit/placement_group"
 
 #: This process's live Train run: its controller and worker groups' placement groups, its report queue, and
 #: in lockstep the decision its workers wait for (``pending``: [key, n]) and whether that is the loop's end.
@@ -131,23 +137,6 @@ def end_run(timeout_s: float = 60.0) -> None:
     RUN.update(ended=False, pending=None)
 
 
-def with_end_handshake(loop: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
-    """``loop`` for Train's workers; when it returns, this rank's session waits for Tune's end of the trial
-    (an at-end save, then the end)."""
-
-    def worker_loop(config: dict[str, Any]) -> None:
-        loop(config)
-        from tunekit.multiworker.session import current_session
-
-        session = current_session()
-        if session is not None:
-            session.end_of_loop()
-
-    worker_loop.__name__ = worker_loop.__qualname__ = getattr(loop, "__name__", "worker_loop")
-    worker_loop.__module__ = getattr(loop, "__module__", __name__)
-    return worker_loop
-
-
 def lockstep_trainable(trial: Callable[[dict[str, Any]], None], name: str, mixin: type) -> type:
     """The Tune trainable of a lockstep multi-worker trial: a class (so that Tune accepts
     ``checkpoint_frequency`` and ``checkpoint_at_end``) running ``trial`` as tunekit's function trainables
@@ -157,7 +146,7 @@ def lockstep_trainable(trial: Callable[[dict[str, Any]], None], name: str, mixin
     base = function_trainable(trial, name=name)
 
     def _elsewhere_writer(self: Any) -> Callable[[str], Any] | None:
-        from tunekit.multiworker.trial import write_pointer
+        from tunekit.multiworker._pointer import write_pointer
 
         path = ask_for_checkpoint()
         if path is None:

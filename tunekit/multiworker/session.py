@@ -17,7 +17,7 @@ import os
 import posixpath
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import pyarrow.fs as pafs
@@ -27,13 +27,13 @@ from tunekit._ranks import RANKS_FILE, read_ranks
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters, changed_hyperparameters
 from tunekit.interval import SAVE_BLOCKED_KEY
-from tunekit.multiworker._lockstep import DECIDE_KEY, ENDED_KEY, LOCKSTEP_KEYS, SAVED_FOR_KEY
+from tunekit.multiworker._lockstep import (DECIDE_KEY, ENDED_KEY, GROUP_KEY, LOCKSTEP_KEYS, SAVED_FOR_KEY,
+                                           START_KEYS)
 from tunekit.multiworker._parts import is_sharded, load_parts, shard_stager, stage_parts, write_parts
-from tunekit.multiworker.trial import GROUP_KEY, START_KEYS
 from tunekit.state import StateBuffers, TrainingState
 from tunekit.storage import resolve_storage
 
-__all__ = ["WorkerSession", "current_session"]
+__all__ = ["WorkerSession", "current_session", "with_end_handshake"]
 
 logger = logging.getLogger(__name__)
 
@@ -355,3 +355,17 @@ def _all_agree(ok: bool) -> bool:
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
 
+
+def with_end_handshake(loop: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """``loop`` for Train's workers; when it returns, this rank's session waits for Tune's end of the trial
+    (an at-end save, then the end)."""
+
+    def worker_loop(config: dict[str, Any]) -> None:
+        loop(config)
+        session = current_session()
+        if session is not None:
+            session.end_of_loop()
+
+    worker_loop.__name__ = worker_loop.__qualname__ = getattr(loop, "__name__", "worker_loop")
+    worker_loop.__module__ = getattr(loop, "__module__", __name__)
+    return worker_loop

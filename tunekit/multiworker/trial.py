@@ -30,19 +30,15 @@ from ray.train import UserCallback
 
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.experiment_dir import POINTER_KEY
-from tunekit.multiworker._lockstep import (DECIDE_KEY, ENDED_KEY, LOCKSTEP_KEYS, RUN, SAVED_FOR_KEY, decide,
-                                           decisions_actor, end_run, lockstep_trainable, take, with_end_handshake)
+from tunekit.multiworker._lockstep import (DECIDE_KEY, ENDED_KEY, GROUP_KEY, LOCKSTEP_KEYS, RUN, SAVED_FOR_KEY,
+                                           START_KEYS, decide, decisions_actor, end_run, lockstep_trainable, take)
+from tunekit.multiworker._pointer import checkpoint_names, drop_cut_short, write_pointer
+from tunekit.multiworker.session import with_end_handshake
 
 __all__ = ["GROUP_KEY", "POINTER_KEY", "START_KEYS", "train_checkpoint_of", "train_trial", "write_pointer"]
 
 logger = logging.getLogger(__name__)
 
-#: Config keys through which a trial tells its workers which checkpoint Tune handed it (its own pointer, or
-#: a PBT donor's), and the Train checkpoints its Train run had written before: those are older than Tune's
-#: view (a PBT clone's own) or newer than it (written after the report Tune paused the trial at).
-START_KEYS = ("tunekit/start_from", "tunekit/written_before")
-#: Metrics key through which rank 0 tells the trial its worker group's placement group (never reaches Tune).
-GROUP_KEY = "tunekit/placement_group"
 
 
 def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, workers: int = 2,
@@ -107,7 +103,7 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
         start = train_checkpoint_of(tune.get_checkpoint())
         if start is not None:  # the state Tune resumes the trial at (or a PBT donor's), not what Train has newest
             loop_config[START_KEYS[0]] = start
-            loop_config[START_KEYS[1]] = _names(run_fs, posixpath.join(run_storage, run_name))
+            loop_config[START_KEYS[1]] = checkpoint_names(run_fs, posixpath.join(run_storage, run_name))
         queue = Queue(maxsize=1, actor_options={"num_cpus": 0})
         worker_loop = train_loop_per_worker
         if lockstep:
@@ -190,21 +186,6 @@ def _set_aside_stale_snapshot(filesystem: Any, run_dir: str) -> None:
     if gone:
         logger.info("tunekit: %s: Ray Train's run snapshot names %d deleted checkpoint(s) (%s): set aside, so "
                     "that the run starts again from the checkpoint Tune restores", run_dir, len(gone), gone[0])
-
-
-def _names(filesystem: Any, run_dir: str) -> list[str]:
-    """The checkpoint directories a Train run has written so far (none: an empty list)."""
-    import pyarrow.fs as pafs
-
-    from tunekit.storage import resolve_storage
-
-    where = resolve_storage(run_dir, filesystem=filesystem)
-    try:
-        infos = where.filesystem.get_file_info(pafs.FileSelector(where.path, allow_not_found=True))
-    except OSError:
-        return []
-    return sorted(posixpath.basename(i.path) for i in infos
-                  if i.type == pafs.FileType.Directory and posixpath.basename(i.path).startswith("checkpoint_"))
 
 
 class _Reporter(UserCallback):
@@ -311,48 +292,10 @@ def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesyst
             with tempfile.TemporaryDirectory(prefix="tunekit-pointer-") as pointer:
                 write_pointer(pointer, path, name, config, filesystem, trial_path=trial_path)
                 _ray.report_with_checkpoint(metrics, pointer)  # (into an index no earlier worker used)
-            _drop_cut_short(filesystem, path, checked)
+            drop_cut_short(filesystem, path, checked)
         decide("go")  # Tune has moved on (it saved first if it wanted to): so do the workers
     thread.join()
     stopped = RUN["stopped"]
     RUN.update(controller=None, groups=set())  # the run ended: Train removed its placement groups
     if "error" in outcome and not stopped:  # (a run Tune stopped ends with its controller's death)
         raise outcome["error"]
-
-
-def _drop_cut_short(filesystem: Any, path: str, checked: set[str]) -> None:
-    """Delete the Train checkpoints older than ``path`` (just reported) beside it that a kill cut short (a
-    rank's part or the whole's manifest missing: never reported, no pointer names them), as a single-worker
-    trial's next save removes its interrupted writes. Each name is looked at once; payloads are not read."""
-    from tunekit._interrupted import cut_short_parts
-    from tunekit.storage import resolve_storage
-
-    where = resolve_storage(path, filesystem=filesystem)
-    run_dir, newest = posixpath.split(where.path.rstrip("/"))
-    checked.add(newest)
-    try:
-        older = [n for n in _names(filesystem, posixpath.dirname(path.rstrip("/"))) if n < newest and n not in checked]
-        checked.update(older)
-        for cut in cut_short_parts(where.filesystem, run_dir, older):
-            where.filesystem.delete_dir(posixpath.join(run_dir, cut))
-            logger.info("tunekit: %s: removed %s, a checkpoint write a kill cut short", run_dir, cut)
-    except OSError as exc:  # tidying only: `tunekit gc --leftovers` removes what is left
-        logger.warning("tunekit: %s: could not remove a cut-short checkpoint write: %s", run_dir, exc)
-
-
-def write_pointer(directory: str, path: str, name: str, config: dict[str, Any], filesystem: Any, *,
-                  trial_path: str | None = None) -> None:
-    """Write into ``directory`` the Tune checkpoint that points at the Train checkpoint ``path`` (relative to the
-    pointer when both are in ``trial_path``, the trial's directory: see :data:`POINTER_KEY`)."""
-    from tunekit._manifest import read_metadata
-    from tunekit.checkpoint import write_checkpoint
-    from tunekit.experiment_dir import pointer_value
-    from tunekit.storage import resolve_storage
-
-    try:
-        iteration = read_metadata(resolve_storage(path, filesystem=filesystem)).get("iteration")
-    except CheckpointError:
-        iteration = None  # not a tunekit checkpoint (a loop reporting its own): the pointer says so
-    value = pointer_value(trial_path, path) if trial_path else path
-    meta = {POINTER_KEY: value, "trainable": name, "config": config, "iteration": iteration}
-    write_checkpoint(directory, {POINTER_KEY: value}, metadata=meta, durable=False)
