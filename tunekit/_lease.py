@@ -28,7 +28,7 @@ from typing import Any, Iterator
 import pyarrow.fs as pafs
 
 from tunekit.errors import ExperimentError, first_line
-from tunekit.record import HEARTBEAT_S, driver_running, read_record
+from tunekit.record import HEARTBEAT_S, in_use_by_another, read_record
 from tunekit.storage import Storage
 
 __all__ = ["LEASE_NAME", "experiment_lease"]
@@ -40,10 +40,7 @@ LEASE_NAME = ".tunekit-lease.json"
 def experiment_lease(experiment: Storage, command: str) -> Iterator[None]:
     """Hold ``experiment``'s lease while the body runs; refuse (``ExperimentError``) if another holds it."""
     record, _ = read_record(experiment.filesystem, experiment.path)
-    running = driver_running(record) if record else None
-    own = isinstance(record, dict) and isinstance(record.get("driver"), dict) and \
-        record["driver"].get("pid") == os.getpid() and record["driver"].get("host") == socket.gethostname()
-    if running and not own:
+    if running := in_use_by_another(record):
         raise ExperimentError(f"{experiment.uri} is in use: {running}; `tunekit {command}` would train its "
                               "trials twice (stop that run first)")
     token = _take(experiment, command, record)

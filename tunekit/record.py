@@ -1,10 +1,8 @@
 """tunekit's own record of an experiment, in plain JSON: what ``tunekit resume`` needs when Ray's files are torn.
 
-Ray keeps an experiment's definition in ``tuner.pkl`` (a pickle of the
-trainable, the search space, the searcher, the callbacks) and its trials in
-``experiment_state-*.json``. A killed driver, a full disk or a partial copy
-can tear either. ``tunekit-experiment.json`` beside them holds, in plain JSON,
-what a resume needs besides the checkpoints:
+Ray keeps an experiment's definition in ``tuner.pkl`` (a pickle of the trainable, the search space, the searcher,
+the callbacks) and its trials in ``experiment_state-*.json``. A killed driver, a full disk or a partial copy can
+tear either. ``tunekit-experiment.json`` beside them holds, in plain JSON, what a resume needs besides checkpoints:
 
 * the trainable's import path (``module:qualname``), the stop criteria, the
   checkpoint config, ``num_samples``, metric and mode where known, and
@@ -13,18 +11,12 @@ what a resume needs besides the checkpoints:
   criteria and the checkpoint Ray registered as its newest (what it would
   restore; ``tunekit verify`` checks it is on storage).
 
-It is written by the driver, at most once a second while something changed (less often where building its text
-takes more than 0.5% of that: up to every 10 s in a sweep of many thousands of trials) and once at the end,
-atomically: locally to a temporary name, fsync, then a rename over the old one; on object stores (S3) one PUT,
-which is atomic. A reader never sees half a record. While the run goes on the write is done on a helper thread
-(an fsync waits for whatever else the disk has to write: the driver does not), one at a time, a newer record
-waiting for the one in flight; the last one is written before the run ends. Every tunekit callback
-(:class:`~tunekit.callbacks.ParquetLogger`, :class:`~tunekit.callbacks.ProgressPrinter`, the checkpoint
-policies) and :func:`tunekit.pbt_setup`'s scheduler keep it, so an experiment that uses any of them has it;
-:class:`tunekit.callbacks.ExperimentRecord` adds it to any other ``Tuner``. One record per run, whichever of
-them comes first.
-
-Nothing here is ever unpickled: the record is JSON, read with :func:`read_record`.
+Written by the driver at most once a second while something changed (less often where building its text takes
+more than 0.5% of that, up to every 10 s) and once at the end, atomically (a temporary name, fsync, a rename; on
+object stores one PUT), on a helper thread one write at a time. Every tunekit callback and
+:func:`tunekit.pbt_setup`'s scheduler keep it (:class:`tunekit.callbacks.ExperimentRecord` adds it to any other
+``Tuner``); one record per run. A run whose experiment's record names another live driver (a second resume, a
+second ``Tuner.restore``) is refused at its first write. Nothing here is unpickled: read with :func:`read_record`.
 
 Tested in ``tests/tunekit/test_resume_torn.py``.
 """
@@ -44,8 +36,8 @@ from typing import Any, Iterable
 import pyarrow.fs as pafs
 
 
-__all__ = ["ExperimentRecorder", "RECORD_NAME", "driver_running", "finish", "interrupted_trials", "json_safe", "observe",
-           "read_record", "trial_finished", "write_record"]
+__all__ = ["ExperimentRecorder", "RECORD_NAME", "driver_running", "finish", "in_use_by_another", "interrupted_trials",
+           "json_safe", "observe", "read_record", "trial_finished", "write_record"]
 
 RECORD_NAME = "tunekit-experiment.json"
 FORMAT = "tunekit-experiment"
@@ -162,10 +154,10 @@ class ExperimentRecorder:
         self.mode: str | None = None
         self.scheduler: str | None = None
         self.callbacks: dict[str, dict[str, Any] | None] = {}
-        self._last_write = -math.inf
-        self._last_written = -math.inf
+        self._last_write = self._last_written = -math.inf
         self._last_text: str | None = None
         self.ended = False
+        self.refused: str | None = None  # why the experiment is another live driver's: never written then
         #: Trials that ended in this run by Tune's decision (their stop criteria, a scheduler, an error).
         self.finished: set[str] = set()
         #: Trials that had ended before this run began (a restored experiment's).
@@ -182,8 +174,7 @@ class ExperimentRecorder:
         self._text_s = 0.0  # what building the text took last time (the write is the helper thread's)
         #: id(callback) -> the info it last described itself with (each step's call after the first: a lookup)
         self.seen: dict[int, Any] = {}
-        #: The experiment directory, and each trial's directory name: read once (Ray builds ``trial.path``
-        #: anew on each call; a trial keeps its directory).
+        #: The experiment directory, and each trial's directory name: read once (``trial.path`` is built anew).
         self._experiment: str | None = None
         self._dirs: dict[str, str] = {}
         #: The SIGTERM handler this run replaced (put back at its end), else None.
@@ -264,6 +255,8 @@ class ExperimentRecorder:
         return text
 
     def flush(self, *, force: bool = False) -> None:
+        if self.refused:
+            return
         now = time.monotonic()
         interval = min(MAX_INTERVAL_S, max(INTERVAL_S, self._text_s / _SHARE))
         if not force and (now - self._last_write < interval or (self._writing and not self._writing.done())):
@@ -281,7 +274,13 @@ class ExperimentRecorder:
             from tunekit._ray import trial_filesystem
 
             first = self.trials[0]
-            self._target = (trial_filesystem(first), posixpath.dirname(first.path))
+            target = (trial_filesystem(first), posixpath.dirname(first.path))
+            if running := in_use_by_another(read_record(*target)[0]):  # (a second run of it: refused)
+                from tunekit.errors import ExperimentError
+
+                self.refused = f"{target[1]} is in use: {running}; this run would train its trials twice (stop it first)"
+                raise ExperimentError(self.refused)
+            self._target = target
         if self._writing is not None:
             self._writing.result()  # (the end: after any write in flight, never before it)
         self._last_text, self._last_written = text, now
@@ -372,6 +371,14 @@ def trial_finished(trials: Iterable[Any], trial: Any) -> None:
     entry = _RUNS.get(id(trials))
     if entry is not None:
         entry[0].finished.add(trial.trial_id)
+
+
+def in_use_by_another(record: dict[str, Any] | None) -> str | None:
+    """Why another live driver holds the experiment that keeps ``record`` (None: none, or this process)."""
+    driver = record.get("driver") if isinstance(record, dict) and isinstance(record.get("driver"), dict) else {}
+    if not record or (driver.get("pid") == os.getpid() and driver.get("host") == socket.gethostname()):
+        return None
+    return driver_running(record)
 
 
 def driver_running(record: dict[str, Any]) -> str | None:

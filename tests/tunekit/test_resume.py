@@ -350,3 +350,40 @@ def test_resume_of_a_finished_experiment_says_so_and_writes_nothing(quickstart_e
         "nothing to resume: 4 trials 4 TERMINATED; `tunekit resume EXP --extend N` continues finished trials "
         "to iteration N"]
     assert sorted(str(p.relative_to(exp)) for p in exp.rglob("*")) == listing
+
+
+def test_a_second_run_beside_a_live_driver_is_refused_before_training(ray_session, storage):
+    """The experiment's record names a driver still running (a real process, its heartbeat fresh): a second run
+    of it (a `Tuner.restore`, the same name again) stops at its first write of the record, naming that driver,
+    before any trial trains; the record is the first driver's still."""
+    import json
+    import time
+
+    from ray import tune
+
+    from tunekit.callbacks import ExperimentRecord
+    from tunekit.trainables import DigitsTrainable
+
+    def run():
+        return tune.Tuner(DigitsTrainable, param_space={"hidden_size": 8, "steps_per_iteration": 2, "seed": 1},
+                          run_config=tune.RunConfig(name="busy", storage_path=str(storage), verbose=0,
+                                                    stop={"training_iteration": 1},
+                                                    callbacks=[ExperimentRecord()])).fit()
+
+    assert not run().errors
+    record_path = storage / "busy" / "tunekit-experiment.json"
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        record = json.loads(record_path.read_text())
+        record.update(ended=False, updated=time.time())
+        record["driver"] = {**record["driver"], "pid": other.pid}
+        record_path.write_text(json.dumps(record))
+        before = record_path.read_text()
+        with pytest.raises(Exception, match=rf"busy is in use: its driver is running \(pid {other.pid} on this "
+                                            r"machine.*this run would train its trials twice"):
+            grid = run()
+            raise AssertionError([r.error for r in grid])  # (not refused)
+        assert record_path.read_text() == before
+    finally:
+        other.kill()
+        other.wait()
