@@ -11,9 +11,10 @@ Example:
 from __future__ import annotations
 
 import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
-from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 from tunekit._interrupted import INTERRUPTED_WRITE, interrupted_write
@@ -154,6 +155,20 @@ def verify_one(checkpoint: Storage) -> tuple[str, list[str]]:
     return report.status, list(report.problems)
 
 
+def _read_all(experiment: Storage,
+              trials: list[Any]) -> tuple[list[tuple[Any, Any, bool]], dict[str, CheckpointReport]]:
+    """Each checkpoint with whether tunekit wrote it; on remote storage each one's report too, many read at once
+    (every check is requests of its own: one after another they add up to minutes on a large experiment)."""
+    pairs = [(trial, ckpt) for trial in trials for ckpt in trial.checkpoints]
+    if experiment.is_local or len(pairs) < 2:
+        return [(t, c, is_tunekit_checkpoint(c.location)) for t, c in pairs], {}
+    with ThreadPoolExecutor(max_workers=16, thread_name_prefix="tunekit-verify") as pool:
+        ours = list(pool.map(lambda pair: is_tunekit_checkpoint(pair[1].location), pairs))
+        reports = dict(zip([c.location.path for _, c in pairs],
+                           pool.map(lambda pair: verify_checkpoint(pair[1].location), pairs)))
+    return [(t, c, mine) for (t, c), mine in zip(pairs, ours)], reports
+
+
 def verify_experiment(
     location: str | Storage,
     *,
@@ -179,10 +194,9 @@ def verify_experiment(
     experiment = resolve_storage(location, filesystem=filesystem)
     trials = find_trials(experiment)
     result = ExperimentCheck(location=experiment.uri, trials=len(trials))
-    found = [(trial, ckpt, is_tunekit_checkpoint(ckpt.location)) for trial in trials for ckpt in trial.checkpoints]
+    found, reports = _read_all(experiment, trials)  # (reports: a Train checkpoint verified once, for both uses)
     any_tunekit = any(is_ours for _, _, is_ours in found)
     registered: list[Any] = []  # (Ray's registered checkpoints, read once when a checkpoint has no manifest)
-    reports: dict[str, CheckpointReport] = {}  # (a Train checkpoint is verified once: for its pointer, for itself)
     pointed: set[str] = set()  # Train checkpoints a Tune checkpoint points at (pointers come first in a trial)
 
     def report_of(location: Storage) -> CheckpointReport:
