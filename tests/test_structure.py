@@ -177,7 +177,7 @@ LONG_FUNCTIONS = {
     ("tunekit/gc.py", "plan_gc"): 80,
     ("tunekit/multiworker/trial.py", "train_trial"): 94,
     ("tunekit/pbt.py", "pbt_setup"): 84,
-    ("tunekit/report.py", "_write"): 95,
+    ("tunekit/report.py", "_write"): 81,
     ("tunekit/resume.py", "extend_experiment"): 71,
     ("tunekit/resume.py", "_resume_from_record"): 68,
     ("tunekit/snapshot.py", "_read_experiment"): 111,

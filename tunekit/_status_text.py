@@ -12,7 +12,7 @@ from typing import Any
 
 from tunekit.experiment_dir import TRAIN_DIR, checkpoint_count
 
-__all__ = ["print_snapshot"]
+__all__ = ["BEST_SHOWN", "ROW_LIMIT", "print_snapshot", "rows_shown"]
 
 
 def _short(value: Any, width: int = 12) -> str:
@@ -20,13 +20,13 @@ def _short(value: Any, width: int = 12) -> str:
     return text if len(text) <= width else text[: width - 1] + "~"
 
 
-#: Above this many trials, the table shows the ones worth a look (see :func:`_rows_shown`) unless ``--all``.
+#: Above this many trials, the table shows the ones worth a look (see :func:`rows_shown`) unless ``--all``.
 ROW_LIMIT = 50
 #: How many of the best trials by the metric the shortened table shows.
 BEST_SHOWN = 10
 
 
-def _rows_shown(snapshot: Any, metric: str | None, mode: str | None) -> list[Any]:
+def rows_shown(snapshot: Any, metric: str | None, mode: str | None) -> list[Any]:
     """The trials a table of a large experiment shows: those in ERROR, those with damage, those not finished,
     and the best :data:`BEST_SHOWN` by ``metric`` (without one: the first by id), in trial order."""
     damaged = " ".join(snapshot.problems)
@@ -70,7 +70,7 @@ def print_snapshot(snapshot: Any, metric: str | None, mode: str | None, sizes: d
                *(["ckpt every"] if chosen else []), "error"]
     sizes = check_storage(snapshot) if sizes is None else sizes
     rows = []
-    shown = snapshot.trials if everything or len(snapshot.trials) <= ROW_LIMIT else _rows_shown(snapshot, metric, mode)
+    shown = snapshot.trials if everything or len(snapshot.trials) <= ROW_LIMIT else rows_shown(snapshot, metric, mode)
     for trial in shown:
         row = [trial.trial_id, trial.status, str(trial.iterations)]
         if metric:

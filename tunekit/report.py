@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import pandas as pd
 
-from tunekit.analysis import Lineage, load_results, pbt_lineage
+from tunekit._report_plots import learning_curves, lineage_plot, scatter, schedules
+from tunekit.analysis import load_results, pbt_lineage
 from tunekit.errors import ConfigError, ExperimentError
 from tunekit.experiment_dir import checkpoint_count
 from tunekit.interval import INTERVAL_KEY, trial_intervals
+from tunekit._status_text import BEST_SHOWN, ROW_LIMIT, rows_shown
 from tunekit.results import format_ranges
 from tunekit.snapshot import (RAY_KEYS, BestCheckpoint, ExperimentSnapshot, check_storage, format_counts,
                               read_experiment)
@@ -69,104 +70,6 @@ def _png(fig: Any, path: Path) -> str:
     data = buffer.getvalue()
     path.write_bytes(data)
     return base64.b64encode(data).decode()
-
-
-def _segment_starts(trials: np.ndarray, iterations: np.ndarray, breaks: dict[str, set[int]]) -> np.ndarray:
-    """Where the curve segments of rows grouped by trial (each in iteration order) start: at a new trial, at a
-    jump in iterations, and after each iteration in ``breaks[trial]`` (its weights were replaced there)."""
-    n = len(iterations)
-    start = np.ones(n, dtype=bool)
-    if n > 1:
-        start[1:] = (trials[1:] != trials[:-1]) | (iterations[1:] != iterations[:-1] + 1)
-        for k in np.flatnonzero(~start[1:]) + 1:  # (a loop over the rows that continue a segment)
-            if iterations[k - 1] in breaks.get(trials[k], ()):
-                start[k] = True
-    return np.flatnonzero(start)
-
-
-def _learning_curves(plt: Any, df: pd.DataFrame, metric: str, exploits: dict[str, set[int]]) -> Any:
-    """Every trial's curve, drawn as one collection of line segments (one ``plot`` per trial takes seconds
-    at thousands of trials)."""
-    from matplotlib.collections import LineCollection
-    from matplotlib.lines import Line2D
-
-    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
-    trials = df["trial_id"].astype(str).to_numpy()
-    names, codes = np.unique(trials, return_inverse=True)  # (sorted, as groupby's colours were)
-    order = np.lexsort((np.arange(len(codes)), codes))  # each trial's rows together, in their order
-    trials, codes = trials[order], codes[order]
-    its = pd.to_numeric(df["training_iteration"], errors="coerce").to_numpy(dtype=float)[order]
-    values = pd.to_numeric(df[metric], errors="coerce").to_numpy(dtype=float)[order]
-    starts = _segment_starts(trials, its, exploits)
-    ends = np.append(starts[1:], len(its))
-    colors = [plt.cm.tab10(codes[a] % 10) for a in starts]
-    ax.add_collection(LineCollection([np.column_stack((its[a:b], values[a:b])) for a, b in zip(starts, ends)],
-                                     colors=colors, linewidths=1.2))
-    ax.autoscale_view()
-    # a segment that continues its trial: the weights came from a donor here; marked instead of drawn across
-    cloned = [k for k, a in enumerate(starts) if a > 0 and codes[a] == codes[a - 1]]
-    if cloned:
-        at = starts[cloned]
-        ax.scatter(its[at], values[at], marker="o", facecolors="white", edgecolors=[colors[k] for k in cloned],
-                   zorder=3)
-    ax.set_xlabel("training_iteration")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{metric} per trial" + (" (a break: the trial took a donor's weights)" if cloned else ""))
-    if len(names) <= 12:
-        handles = [Line2D([], [], color=plt.cm.tab10(i % 10), linewidth=1.2, label=name) for i, name in enumerate(names)]
-        if cloned:
-            handles.append(Line2D([], [], marker="o", markerfacecolor="white", color="grey", linestyle="none",
-                                  label="after a PBT exploit"))
-        ax.legend(handles=handles, fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
-    return fig
-
-
-def _scatter(plt: Any, df: pd.DataFrame, metric: str, params: list[str]) -> Any:
-    last = df.groupby("trial_id").tail(1)
-    n = max(1, len(params))
-    fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.6), squeeze=False, sharey=True, layout="constrained")
-    for k, (ax, param) in enumerate(zip(axes[0], params)):
-        values = pd.to_numeric(last[f"config/{param}"], errors="coerce")
-        ax.scatter(values, last[metric], s=28)
-        if values.gt(0).all() and values.max() / max(values.min(), 1e-300) > 50:
-            ax.set_xscale("log")
-        ax.set_xlabel(param)
-        if k == 0:
-            ax.set_ylabel(f"final {metric}")
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"hyperparameters vs final {metric}")
-    return fig
-
-
-def _schedules(plt: Any, df: pd.DataFrame, params: list[str]) -> Any:
-    n = max(1, len(params))
-    fig, axes = plt.subplots(n, 1, figsize=(8, 2.6 * n + 0.6), squeeze=False, sharex=True, layout="constrained")
-    for ax, param in zip(axes[:, 0], params):
-        for i, (trial_id, rows) in enumerate(df.groupby("trial_id")):
-            ax.step(rows["training_iteration"], pd.to_numeric(rows[f"config/{param}"], errors="coerce"),
-                    where="post", linewidth=1.1, label=str(trial_id), color=plt.cm.tab10(i % 10))
-        ax.set_ylabel(param)
-        ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("training_iteration")
-    if df["trial_id"].nunique() <= 12:
-        fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside right upper", fontsize=7, title="trial")
-    fig.suptitle("hyperparameter schedules (PBT)")
-    return fig
-
-
-def _lineage_plot(plt: Any, lineage: Lineage) -> Any:
-    trials = sorted(lineage.ancestry)
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(trials) + 1.2))
-    colors = {t: plt.cm.tab20(i % 20) for i, t in enumerate(trials)}
-    for y, trial in enumerate(trials):
-        for source, first, last in lineage.ancestry[trial]:
-            ax.barh(y, last - first + 1, left=first - 0.5, color=colors.get(source, "grey"), edgecolor="white")
-            ax.text((first + last) / 2, y, source[-5:], ha="center", va="center", fontsize=7)
-    ax.set_yticks(range(len(trials)), [t for t in trials], fontsize=7)
-    ax.set_xlabel("training_iteration (colour: whose weights)")
-    ax.set_title("PBT lineage of each trial's final weights")
-    return fig
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -255,6 +158,31 @@ def write_report(
     return summary
 
 
+def _trials_section(snapshot: ExperimentSnapshot, df: pd.DataFrame, metric: str, mode: Literal["max", "min"],
+                    params: list[str]) -> list[str]:
+    """The trials' table (of a large experiment: those worth a look, as ``tunekit status`` shows them)."""
+    shown = [k for k in params] or sorted({k for t in snapshot.trials for k in t.config if not _not_a_hyperparameter(k)})[:4]
+    trial_rows = []
+    last = df.groupby("trial_id").tail(1).set_index("trial_id")
+    chosen = trial_intervals({t.trial_id: t.metric(INTERVAL_KEY) for t in snapshot.trials})  # the autopilot's
+    listed = snapshot.trials if len(snapshot.trials) <= ROW_LIMIT else rows_shown(snapshot, metric, mode)
+    for t in listed:
+        value = last[metric].get(t.trial_id) if t.trial_id in last.index else None
+        every = [chosen[0][t.trial_id]] if chosen else []
+        trial_rows.append([t.trial_id, t.status, t.iterations, value, *(t.config.get(k) for k in shown),
+                           checkpoint_count(c.name for c in t.checkpoints), *every, (t.error or "")[:80]])
+    left_out = "" if len(listed) == len(snapshot.trials) else (
+        f"<p>{len(listed)} of {len(snapshot.trials)} trials: the {BEST_SHOWN} best by {html.escape(metric)} and "
+        "those in ERROR, unfinished or damaged (every trial: <code>tunekit status EXP --all</code>).</p>")
+    out = ["<h2>Trials</h2>" + left_out + _table(
+        ["trial", "status", "iterations", f"last {metric}", *shown, "checkpoints",
+         *(["checkpoint every"] if chosen else []), "error"], trial_rows)]
+    if chosen:
+        out.append(f"<p>Checkpoint interval, chosen by CheckpointAutopilot from each trial's save cost and the "
+                   f"failures seen: {html.escape(chosen[1])}.</p>")
+    return out
+
+
 def _write(experiment: Storage, snapshot: ExperimentSnapshot, df: pd.DataFrame, metric: str,
            mode: Literal["max", "min"], out: Path, staging: Path, plt: Any) -> ReportSummary:
     """Write the report's files into ``staging``; the summary names them as they will be in ``out``."""
@@ -274,21 +202,7 @@ def _write(experiment: Storage, snapshot: ExperimentSnapshot, df: pd.DataFrame, 
 
     counts = format_counts(snapshot.counts())
     started = time.strftime("%Y-%m-%d %H:%M", time.localtime(snapshot.start_time)) if snapshot.start_time else "?"
-    shown = [k for k in params] or sorted({k for t in snapshot.trials for k in t.config if not _not_a_hyperparameter(k)})[:4]
-    trial_rows = []
-    last = df.groupby("trial_id").tail(1).set_index("trial_id")
-    chosen = trial_intervals({t.trial_id: t.metric(INTERVAL_KEY) for t in snapshot.trials})  # the autopilot's
-    for t in snapshot.trials:
-        value = last[metric].get(t.trial_id) if t.trial_id in last.index else None
-        every = [chosen[0][t.trial_id]] if chosen else []
-        trial_rows.append([t.trial_id, t.status, t.iterations, value, *(t.config.get(k) for k in shown),
-                           checkpoint_count(c.name for c in t.checkpoints), *every, (t.error or "")[:80]])
-    sections.append("<h2>Trials</h2>" + _table(
-        ["trial", "status", "iterations", f"last {metric}", *shown, "checkpoints",
-         *(["checkpoint every"] if chosen else []), "error"], trial_rows))
-    if chosen:
-        sections.append(f"<p>Checkpoint interval, chosen by CheckpointAutopilot from each trial's save cost and the "
-                        f"failures seen: {html.escape(chosen[1])}.</p>")
+    sections += _trials_section(snapshot, df, metric, mode, params)
     gaps = df.attrs.get("missing_iterations") or {}
     if gaps:
         sections.append("<p class='warn'>Rows Ray's result.json lost (tunekit.callbacks.ParquetLogger keeps every "
@@ -313,9 +227,9 @@ def _write(experiment: Storage, snapshot: ExperimentSnapshot, df: pd.DataFrame, 
     exploited: dict[str, set[int]] = {}
     for r in lineage.exploits.itertuples():
         exploited.setdefault(str(r.target), set()).add(int(r.iteration))
-    figure("learning_curves", _learning_curves(plt, df, metric, exploited), f"Learning curves: {metric}")
+    figure("learning_curves", learning_curves(plt, df, metric, exploited), f"Learning curves: {metric}")
     if params:
-        figure("hyperparameters", _scatter(plt, df, metric, params), f"Hyperparameters vs final {metric}")
+        figure("hyperparameters", scatter(plt, df, metric, params), f"Hyperparameters vs final {metric}")
     if not lineage.exploits.empty:
         exploit_rows = [
             [r.iteration, r.target, r.source, r.source_iteration, r.old_config, r.new_config]
@@ -325,9 +239,9 @@ def _write(experiment: Storage, snapshot: ExperimentSnapshot, df: pd.DataFrame, 
             ["iteration", "target", "source", "source iteration", "old config", "new config"], exploit_rows))
         sections.append("<h2>Ancestry of final weights</h2>" + _table(
             ["trial", "lineage"], [[t, lineage.describe(t)] for t in sorted(lineage.ancestry)]))
-        figure("lineage", _lineage_plot(plt, lineage), "PBT lineage")
+        figure("lineage", lineage_plot(plt, lineage), "PBT lineage")
         if params:
-            figure("schedules", _schedules(plt, df, params), "Hyperparameter schedules")
+            figure("schedules", schedules(plt, df, params), "Hyperparameter schedules")
     tb_dir = experiment.uri if experiment.is_local else f"<a local copy of {experiment.uri}>"
     sections.append(
         "<h2>TensorBoard</h2><p>Ray Tune writes tensorboardX event files in each trial directory "

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tunekit.report import _segment_starts, hyperparameters, write_report
+from tunekit._report_plots import segment_starts
+from tunekit.report import hyperparameters, write_report
 
 #: Loaded after the page: counts the images that decoded and records any script error in the DOM.
 _PROBE = """
@@ -72,5 +73,5 @@ def test_a_learning_curve_breaks_where_the_trial_took_a_donors_weights():
     trials = np.array(["a"] * 8 + ["b"] * 3)
     iterations = np.array([1, 2, 3, 4, 5, 6, 9, 10, 1, 2, 3], dtype=float)
     # a: exploited after 4 (a donor at 4) and jumped after 6 (a donor at 8); b: a break of a's is not b's
-    starts = _segment_starts(trials, iterations, {"a": {4}})
+    starts = segment_starts(trials, iterations, {"a": {4}})
     assert starts.tolist() == [0, 4, 6, 8]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -149,3 +150,9 @@ def test_status_of_many_trials_shows_those_worth_a_look_and_all_of_them_with_all
     assert main(["status", str(exp), "--metric", "loss", "--mode", "min", "--all"]) == 0
     out = capsys.readouterr().out
     assert len([line for line in out.splitlines() if line.startswith("t000")]) == 60 and "not shown" not in out
+    # the report's trial table the same way
+    assert main(["report", str(exp), "--metric", "loss", "--mode", "min", "--output", str(tmp_path / "r")]) == 0
+    page = (tmp_path / "r" / "index.html").read_text()
+    table = page.split("<h2>Trials</h2>")[1].split("</table>")[0]
+    assert "10 of 60 trials: the 10 best by loss" in table and "--all" in table
+    assert sorted(set(re.findall(r"<td>(t\d{5})</td>", table))) == [f"t{i:05d}" for i in range(10)], table
