@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +28,11 @@ os.environ.pop("AWS_SESSION_TOKEN", None)
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Each test process (pytest-xdist runs two) keeps its Rays' files, and the address a `ray start` or a test
+# cluster leaves there for bare ray.init() calls, in a directory of its own: no test, notebook or snippet
+# joins another process's Ray. (Short: Ray's socket paths under it must stay within the OS's limit.)
+os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="tkray-", dir="/tmp")
+atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], True)
 # Where moto's request recorder (S3Server.recording) writes, one file per test process.
 os.environ["MOTO_RECORDER_FILEPATH"] = os.path.join("/tmp", f"tunekit-moto-requests-{os.getpid()}.jsonl")
 

@@ -68,14 +68,15 @@ def test_a_save_onto_a_full_disk_fails_the_trial_in_one_line_and_keeps_the_previ
 
 
 def fill(path) -> None:
-    """Fill the filesystem of ``path`` to the last byte (a file written until the disk refuses)."""
-    with open(path, "wb") as fh:
-        try:
+    """Fill the filesystem of ``path`` to the last byte (a file written until the disk refuses; none if it is
+    full already)."""
+    try:
+        with open(path, "wb") as fh:
             while True:
                 fh.write(b"\0" * 65536)
                 fh.flush()
-        except OSError:
-            pass
+    except OSError:  # (at the write that found the disk full, or at the close flushing its last bytes)
+        pass
 
 
 def fills_the_disk(config):

@@ -264,7 +264,8 @@ def other_ray():
     else:
         pytest.fail("ray start --head did not start:\n" + "".join(lines[-30:]))
     # (its own session: the one whose GCS listens on its port; another Ray may have started since)
-    session = next(s for s in Path("/tmp/ray").glob("session_2*")
+    ray_dir = Path(os.environ["RAY_TMPDIR"]) / "ray"  # (the test process's own: tests/conftest.py)
+    session = next(s for s in ray_dir.glob("session_2*")
                    if any(f.read_text().strip() == str(port) for f in s.glob("gcs_server_port_*")))
     try:
         yield session
@@ -275,7 +276,7 @@ def other_ray():
         except subprocess.TimeoutExpired:
             proc.kill()
         # `ray start` leaves its address for bare ray.init() calls to find; later tests must not.
-        current = Path("/tmp/ray/ray_current_cluster")
+        current = ray_dir / "ray_current_cluster"
         if current.exists() and current.read_text().strip().endswith(f":{port}"):
             current.unlink()
 
