@@ -37,13 +37,27 @@ _FORMAT, _VERSION = "tunekit-index", 1
 class RemoteIndex:
     """One recursive listing of a remote experiment, and the parsed contents the index holds for its files."""
 
-    def __init__(self, experiment: Storage, infos: list[pafs.FileInfo]) -> None:
+    def __init__(self, experiment: Storage) -> None:
         self.experiment = experiment
-        root = experiment.path.rstrip("/") + "/"
         #: Path inside the experiment -> [size, mtime] for every file the listing shows.
         self.stamps: dict[str, list[Any]] = {}
         #: Directory (path inside the experiment, "" for its top) -> its entries' names -> whether a directory.
         self.tree: dict[str, dict[str, bool]] = {"": {}}
+        self._listed = False
+        self._cached: dict[str, Any] = {}
+        self._fresh: dict[str, Any] = {}
+        self.read_slowly = 0  # entries read from their files (not from the index)
+
+    def _list(self) -> None:
+        """The experiment listed once, recursively (at the first question: after the reader checked it exists);
+        its index read."""
+        if self._listed:
+            return
+        self._listed = True
+        with storage_errors("list", self.experiment):
+            infos = self.experiment.filesystem.get_file_info(
+                pafs.FileSelector(self.experiment.path, recursive=True, allow_not_found=True))
+        root = self.experiment.path.rstrip("/") + "/"
         for info in infos:
             if not info.path.startswith(root) or info.type not in (pafs.FileType.File, pafs.FileType.Directory):
                 continue
@@ -62,15 +76,6 @@ class RemoteIndex:
                     break
                 rel, is_dir = parent, True
         self._cached = self._load()
-        self._fresh: dict[str, Any] = {}
-        self.read_slowly = 0  # entries read from their files (not from the index)
-
-    @classmethod
-    def list(cls, experiment: Storage) -> "RemoteIndex":
-        """The experiment listed once, recursively; its index read."""
-        with storage_errors("list", experiment):
-            infos = experiment.filesystem.get_file_info(pafs.FileSelector(experiment.path, recursive=True))
-        return cls(experiment, infos)
 
     def _load(self) -> dict[str, Any]:
         if INDEX_NAME not in self.stamps:
@@ -87,10 +92,12 @@ class RemoteIndex:
 
     def children(self, rel: str) -> list[tuple[str, bool]]:
         """The entries directly in directory ``rel`` ("" for the experiment's top): (name, is a directory)."""
+        self._list()
         return sorted(self.tree.get(rel, {}).items())
 
     def checkpoint_files(self) -> dict[str, dict[str, int]]:
         """:func:`tunekit.experiment_dir.checkpoint_files` from the listing."""
+        self._list()
         return files_by_checkpoint((rel, stamp[0] or 0) for rel, stamp in self.stamps.items())
 
     def value(self, key: str, files: list[str], read: Callable[[], Any], absent: Any = None) -> Any:
@@ -112,7 +119,7 @@ class RemoteIndex:
     def save(self) -> None:
         """Write the index back when this read found anything it did not hold (best effort: a bucket that
         cannot be written is read the slow way next time too)."""
-        if not self.read_slowly and len(self._fresh) == len(self._cached):
+        if not self._listed or not self.read_slowly and len(self._fresh) == len(self._cached):
             return
         text = json.dumps({"format": _FORMAT, "version": _VERSION, "entries": self._fresh},
                           separators=(",", ":"), default=str)

@@ -132,7 +132,7 @@ def plan_gc(
     if running and not force:
         raise ExperimentError(f"{experiment.uri} is in use: {running}; deleting now could take what it needs "
                               "(--force deletes anyway)")
-    snapshot = read_experiment(experiment)
+    snapshot = read_experiment(experiment, keep_index=False)  # (a dry run writes nothing, not even the index)
     if policy.metric and (policy.experiment_best or policy.trial_best):
         snapshot.check_metric("--metric", policy.metric)
     damaged = _damaged(snapshot) if policy.selects or leftovers else {}

@@ -224,7 +224,8 @@ def _infer_status(rows: list[dict[str, Any]], error: str | None) -> str:
     return "TERMINATED" if rows[-1].get("done") else "RUNNING"
 
 
-def read_experiment(location: str | Storage, *, filesystem: Any = None, results: bool = True) -> ExperimentSnapshot:
+def read_experiment(location: str | Storage, *, filesystem: Any = None, results: bool = True,
+                    keep_index: bool = True) -> ExperimentSnapshot:
     """Read the experiment at ``location``: trials, statuses, results, checkpoints.
 
     A damaged state or result file does not stop the reading: what can be read
@@ -232,18 +233,19 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
     ``results=False`` reads the experiment's structure only (trials, configs,
     statuses, PBT exploits, the state file's damage): no result rows, last
     results, failure counts or checkpoints, for readers that take those from elsewhere
-    (:func:`tunekit.analysis.load_results` reads the rows itself).
+    (:func:`tunekit.analysis.load_results` reads the rows itself). A remote experiment is read from one
+    listing and the index the readers keep (:mod:`tunekit._index`); ``keep_index=False`` writes no index.
 
     Raises:
         ExperimentError: ``location`` is not an experiment directory.
         StorageError: the storage cannot be read.
     """
     with gc_paused():
-        return _read_experiment(resolve_storage(location, filesystem=filesystem), results)
+        return _read_experiment(resolve_storage(location, filesystem=filesystem), results, keep_index)
 
 
-def _read_experiment(experiment: Storage, results: bool) -> ExperimentSnapshot:
-    index = RemoteIndex.list(experiment) if results and not experiment.is_local else None
+def _read_experiment(experiment: Storage, results: bool, keep_index: bool) -> ExperimentSnapshot:
+    index = RemoteIndex(experiment) if results and not experiment.is_local else None  # (listed once asked)
     trial_dirs, files = scan_experiment(experiment, checkpoints=results,
                                         listed=index.children if index is not None else None)
     problems: list[str] = []
@@ -337,7 +339,7 @@ def _read_experiment(experiment: Storage, results: bool) -> ExperimentSnapshot:
         t.missing_iterations = rows_lost([r.get("training_iteration") for r in t.results],
                                          [r.get(RESTORED_FROM_KEY) for r in t.results], own=t.name,
                                          exploits=clones.get(t.trial_id, []), continued=t.continued)
-    if index is not None:
+    if index is not None and keep_index:
         index.save()
     return ExperimentSnapshot(
         listed_files=index.checkpoint_files() if index is not None else None,

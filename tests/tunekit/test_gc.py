@@ -22,10 +22,10 @@ from tunekit.trainables.toy_pbt import ToyPBT
 
 
 def _tree(fs: pafs.FileSystem, root: str) -> dict[str, str]:
-    """Every file under ``root`` and the hash of its bytes."""
+    """Every file under ``root`` and the hash of its bytes (but the readers' index of a remote experiment)."""
     out = {}
     for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
-        if info.type == pafs.FileType.File:
+        if info.type == pafs.FileType.File and not info.path.endswith("/.tunekit-index.json"):
             with fs.open_input_stream(info.path) as stream:
                 out[info.path[len(root):]] = hashlib.sha256(stream.read()).hexdigest()
     return out
@@ -64,10 +64,13 @@ def test_a_dry_run_changes_nothing_and_yes_deletes_exactly_what_it_listed(where,
     assert main(["status", exp.uri, "--json"]) == 0
     held = sum(t["checkpoint_bytes"] for t in json.loads(capsys.readouterr().out)["trials"])
     assert held == sum(size for path, size in _sizes(fs, exp.path).items() if "/checkpoint_" in path)
+    index = [i.mtime_ns for i in fs.get_file_info(pafs.FileSelector(exp.path)) if i.base_name == ".tunekit-index.json"]
     assert main(args) == 0
     preview = capsys.readouterr().out
     assert "dry run: nothing deleted" in preview
     assert _tree(fs, exp.path) == before
+    assert index == [i.mtime_ns for i in fs.get_file_info(pafs.FileSelector(exp.path))
+                     if i.base_name == ".tunekit-index.json"]  # (status kept it; the dry run wrote nothing)
     listed = _listed(preview)
     snapshot = read_experiment(exp.uri)
     best = snapshot.best_checkpoint("accuracy", "max")
