@@ -110,24 +110,6 @@ def test_docstring_examples_run(name):
     assert result.failed == 0, f"{name}: {result.failed} of {result.attempted} examples failed (run python -m doctest -v)"
 
 
-def _top_level_imports(name: str, path: Path) -> set[str]:
-    """The tunekit modules ``name`` imports when it is imported (not inside functions, not for type checking)."""
-    known = {n for n, _ in MODULES}
-    found = set()
-    tree = ast.parse(path.read_text())
-    for node in tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue
-        for sub in ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) else ():
-            if isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
-                found.add(sub.module)
-                found.update(f"{sub.module}.{a.name}" for a in sub.names if f"{sub.module}.{a.name}" in known)
-            elif isinstance(sub, ast.Import):
-                found.update(a.name for a in sub.names)
-    parents = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
-    return {m for m in found if m in known and m != name and m not in parents}
-
-
 def _all_imports(name: str, path: Path) -> set[str]:
     """The tunekit modules ``name`` imports anywhere, inside functions too (not for type checking only)."""
     known = {n for n, _ in MODULES}

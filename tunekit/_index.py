@@ -100,19 +100,20 @@ class RemoteIndex:
         self._list()
         return files_by_checkpoint((rel, stamp[0] or 0) for rel, stamp in self.stamps.items())
 
-    def value(self, key: str, files: list[str], read: Callable[[], Any], absent: Any = None) -> Any:
-        """What ``read()`` returns for the files ``files`` (paths inside the experiment), from the index when
-        the listing shows each of them as the index recorded it; ``absent`` when the listing shows none of
-        them (no request); else ``read()``, recorded for the next reader. ``key`` names the entry."""
-        stamps = [self.stamps.get(f) for f in files]
-        if all(s is None for s in stamps):
+    def value(self, rel: str, read: Callable[[], Any], absent: Any = None) -> Any:
+        """What ``read()`` returns for the file ``rel`` (its path inside the experiment): from the index when the
+        listing shows the file as the index recorded it; ``absent`` when the listing does not show it (no
+        request); else ``read()``, recorded for the next reader."""
+        self._list()
+        stamp = self.stamps.get(rel)
+        if stamp is None:
             return absent
-        entry = self._cached.get(key)
-        if isinstance(entry, dict) and entry.get("stamps") == stamps and "value" in entry:
-            self._fresh[key] = entry
+        entry = self._cached.get(rel)
+        if isinstance(entry, dict) and entry.get("stamp") == stamp and "value" in entry:
+            self._fresh[rel] = entry
             return entry["value"]
         value = read()
-        self._fresh[key] = {"stamps": stamps, "value": value}
+        self._fresh[rel] = {"stamp": stamp, "value": value}
         self.read_slowly += 1
         return value
 

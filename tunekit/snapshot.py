@@ -109,7 +109,7 @@ def _read(experiment: Storage, trial: TrialDir, name: str, index: RemoteIndex | 
     def read() -> Any:
         return parse(read_text(experiment.filesystem, posixpath.join(trial.location.path, name)))
 
-    return read() if index is None else index.value(f"{trial.name}/{name}", [f"{trial.name}/{name}"], read,
+    return read() if index is None else index.value(f"{trial.name}/{name}", read,
                                                     absent=parse(None))
 
 
@@ -149,9 +149,9 @@ def _checkpoint_files(trial: TrialDir, ckpt: CheckpointDir, index: RemoteIndex |
     if index is None:
         return _metadata(ckpt), manifest_sizes(ckpt.location)
     where = f"{trial.name}/{ckpt.name}"
-    meta = index.value(f"{where}/{METADATA_NAME}", [f"{where}/{METADATA_NAME}"], lambda: _metadata(ckpt),
+    meta = index.value(f"{where}/{METADATA_NAME}", lambda: _metadata(ckpt),
                        absent=f"not a tunekit checkpoint (no {METADATA_NAME})")
-    unsupported, listed = index.value(f"{where}/{MANIFEST_FILE}", [f"{where}/{MANIFEST_FILE}"],
+    unsupported, listed = index.value(f"{where}/{MANIFEST_FILE}",
                                       lambda: list(manifest_sizes(ckpt.location)), absent=[None, None])
     return meta, (unsupported, listed)
 
