@@ -73,8 +73,13 @@ def _env(home: Path) -> dict[str, str]:
             "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
 
 
-@pytest.mark.parametrize("page, index, lang, code", [s for s in SNIPPETS if "class MyTrainable" not in s[3]],
-                         ids=[f"{p}:{lang}{i}" for p, i, lang, c in SNIPPETS if "class MyTrainable" not in c])
+def _run_alone(code: str) -> bool:
+    """Snippets with a test of their own, which checks what they print too."""
+    return "class MyTrainable" in code or "PopulationBasedTraining" in code and "train_trial" in code
+
+
+@pytest.mark.parametrize("page, index, lang, code", [s for s in SNIPPETS if not _run_alone(s[3])],
+                         ids=[f"{p}:{lang}{i}" for p, i, lang, c in SNIPPETS if not _run_alone(c)])
 def test_snippet_runs_as_written(page, index, lang, code, home, tmp_path):
     if lang == "python":
         script = tmp_path / "snippet.py"
@@ -102,3 +107,21 @@ def test_user_path_example_runs(tmp_path):
     assert paths.count("checkpoint_") == 2  # iterations 3 and 6
     assert str(tmp_path / "ray_results" / "my_sweep") in paths  # where README says a plain Tuner.fit() writes
     assert (tmp_path / "ray_results" / "my_sweep" / "tunekit_results").is_dir()  # ParquetLogger's dataset
+
+
+def test_multi_worker_pbt_example_puts_the_clones_new_rate_in_effect(tmp_path):
+    """docs/multiworker.md's PBT example as written: one trial clones the other at iteration 2 and ends at a
+    rate that is not its starting one, and every trial's optimizer runs at the rate its config holds."""
+    page = (ROOT / "docs" / "multiworker.md").read_text()
+    (example,) = [b for b in _blocks(page, "python") if _run_alone(b)]
+    script = tmp_path / "pbt_example.py"
+    script.write_text(RAY_PRELUDE + example)
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rates = re.findall(r"^trial \S+: lr (\S+), in effect (\S+)$", out.stdout, flags=re.M)
+    assert len(rates) == 2, out.stdout
+    assert all(config == effect for config, effect in rates), rates
+    started = {"0.001", "0.01"}
+    assert sum(config not in started for config, _ in rates) == 1, rates  # the clone's: 0.8 or 1.2 of its donor's

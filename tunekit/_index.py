@@ -13,22 +13,28 @@ readers write the index back after a read that found anything new (one PUT, atom
 read-only bucket is read the slow way each time). A damaged, foreign or newer-format index is ignored and
 rebuilt. Local experiments are read directly: a local file costs microseconds.
 
+:func:`listed_storage` gives the same listing and index to code written against a filesystem
+(``tunekit verify``): a filesystem that answers file infos and directory listings from the listing and
+reads tunekit's small JSON files from the index, every other read going to the storage.
+
 Tested in ``tests/trainables/test_quickstart.py`` (requests counted on the S3 server).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import posixpath
+import threading
 from typing import Any, Callable
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from tunekit.experiment_dir import files_by_checkpoint
-from tunekit.results import read_bytes
 from tunekit.storage import Storage, storage_errors
 
-__all__ = ["INDEX_NAME", "RemoteIndex"]
+__all__ = ["INDEX_NAME", "RemoteIndex", "listed_storage"]
 
 INDEX_NAME = ".tunekit-index.json"
 _FORMAT, _VERSION = "tunekit-index", 1
@@ -47,13 +53,16 @@ class RemoteIndex:
         self._cached: dict[str, Any] = {}
         self._fresh: dict[str, Any] = {}
         self.read_slowly = 0  # entries read from their files (not from the index)
+        self._lock = threading.Lock()  # (listed once when readers on several threads ask at once)
 
     def _list(self) -> None:
         """The experiment listed once, recursively (at the first question: after the reader checked it exists);
         its index read."""
-        if self._listed:
-            return
-        self._listed = True
+        with self._lock:
+            if not self._listed:
+                self._list_now()
+
+    def _list_now(self) -> None:
         with storage_errors("list", self.experiment):
             infos = self.experiment.filesystem.get_file_info(
                 pafs.FileSelector(self.experiment.path, recursive=True, allow_not_found=True))
@@ -76,13 +85,14 @@ class RemoteIndex:
                     break
                 rel, is_dir = parent, True
         self._cached = self._load()
+        self._listed = True
 
     def _load(self) -> dict[str, Any]:
         if INDEX_NAME not in self.stamps:
             return {}
-        try:
-            raw = read_bytes(self.experiment.filesystem, posixpath.join(self.experiment.path, INDEX_NAME))
-            index = json.loads(raw) if raw else None
+        try:  # (the listing shows it: read without asking again whether it is there)
+            with self.experiment.filesystem.open_input_stream(posixpath.join(self.experiment.path, INDEX_NAME)) as f:
+                index = json.loads(f.read())
         except (OSError, ValueError):
             return {}
         if not isinstance(index, dict) or index.get("format") != _FORMAT or index.get("version") != _VERSION \
@@ -100,20 +110,21 @@ class RemoteIndex:
         self._list()
         return files_by_checkpoint((rel, stamp[0] or 0) for rel, stamp in self.stamps.items())
 
-    def value(self, rel: str, read: Callable[[], Any], absent: Any = None) -> Any:
+    def value(self, rel: str, read: Callable[[], Any], absent: Any = None, *, key: str | None = None) -> Any:
         """What ``read()`` returns for the file ``rel`` (its path inside the experiment): from the index when the
         listing shows the file as the index recorded it; ``absent`` when the listing does not show it (no
-        request); else ``read()``, recorded for the next reader."""
+        request); else ``read()``, recorded for the next reader (under ``key``: another reading of the file)."""
         self._list()
         stamp = self.stamps.get(rel)
         if stamp is None:
             return absent
-        entry = self._cached.get(rel)
+        key = rel if key is None else key
+        entry = self._cached.get(key)
         if isinstance(entry, dict) and entry.get("stamp") == stamp and "value" in entry:
-            self._fresh[rel] = entry
+            self._fresh[key] = entry
             return entry["value"]
         value = read()
-        self._fresh[rel] = {"stamp": stamp, "value": value}
+        self._fresh[key] = {"stamp": stamp, "value": value}
         self.read_slowly += 1
         return value
 
@@ -130,3 +141,109 @@ class RemoteIndex:
                 out.write(text.encode())
         except (OSError, ValueError):
             pass
+
+
+#: The largest file :func:`listed_storage` keeps whole in the index (tunekit's and Ray's small files).
+_KEPT_MAX = 256 * 1024
+
+
+class _Listed(pafs.FileSystemHandler):
+    """A read-only filesystem over a :class:`RemoteIndex`: infos and listings from its one listing, small JSON
+    files from the index, everything else read from the storage."""
+
+    def __init__(self, index: RemoteIndex) -> None:
+        self.index = index
+        self.fs = index.experiment.filesystem
+        self.root = index.experiment.path.rstrip("/")
+
+    def _rel(self, path: str) -> str | None:
+        path = path.rstrip("/")
+        if path == self.root:
+            return ""
+        return path[len(self.root) + 1:] if path.startswith(self.root + "/") else None
+
+    def _info(self, path: str, rel: str) -> pafs.FileInfo:
+        stamp = self.index.stamps.get(rel)
+        if stamp is not None:
+            return pafs.FileInfo(path, pafs.FileType.File, size=stamp[0], mtime_ns=stamp[1])
+        if rel in self.index.tree:
+            return pafs.FileInfo(path, pafs.FileType.Directory)
+        return pafs.FileInfo(path, pafs.FileType.NotFound)
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        self.index._list()
+        out = []
+        for path in paths:
+            rel = self._rel(path)  # (the experiment's own top: asked of the storage, it may not exist)
+            if rel == "" and self.index.stamps:  # (the experiment's top: it exists when anything is listed in it)
+                out.append(pafs.FileInfo(path, pafs.FileType.Directory))
+            else:
+                out.append(self._info(path, rel) if rel else self.fs.get_file_info(path))
+        return out
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        rel = self._rel(selector.base_dir)
+        if rel is None:
+            return self.fs.get_file_info(selector)
+        self.index._list()
+        if rel not in self.index.tree:
+            if selector.allow_not_found:
+                return []
+            raise FileNotFoundError(f"{selector.base_dir}: no such directory")
+        out, todo = [], [rel]
+        while todo:
+            top = todo.pop()
+            for name, is_dir in sorted(self.index.tree.get(top, {}).items()):
+                child = posixpath.join(top, name) if top else name
+                out.append(self._info(posixpath.join(self.root, child), child))
+                if is_dir and selector.recursive:
+                    todo.append(child)
+        return out
+
+    def _whole(self, path: str) -> Any:
+        rel = self._rel(path)
+        stamp = self.index.stamps.get(rel) if rel else None
+        if stamp is None or (stamp[0] or 0) > _KEPT_MAX:
+            return None
+
+        def read() -> dict[str, str]:
+            with self.fs.open_input_stream(path) as stream:
+                data = stream.read()
+            try:
+                return {"text": data.decode()}
+            except UnicodeDecodeError:
+                return {"base64": base64.b64encode(data).decode()}
+
+        kept = self.index.value(rel, read, key=f"{rel}\0bytes")
+        if not isinstance(kept, dict):
+            return None
+        data = kept["text"].encode() if isinstance(kept.get("text"), str) else \
+            base64.b64decode(kept["base64"]) if isinstance(kept.get("base64"), str) else None
+        return None if data is None else pa.BufferReader(data)
+
+    def open_input_stream(self, path: str) -> Any:
+        return self._whole(path) or self.fs.open_input_stream(path)
+
+    def open_input_file(self, path: str) -> Any:
+        return self._whole(path) or self.fs.open_input_file(path)
+
+    def get_type_name(self) -> str:
+        return f"tunekit-listed+{self.fs.type_name}"
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def equals(self, other: Any) -> bool:
+        return other is self
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise OSError("an experiment read from its listing is read-only")
+
+    create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = delete_file = _read_only
+    move = copy_file = open_output_stream = open_append_stream = _read_only
+
+
+def listed_storage(index: RemoteIndex) -> Storage:
+    """The experiment of ``index`` on a filesystem that answers from its listing and index (see the module)."""
+    experiment = index.experiment
+    return Storage(pafs.PyFileSystem(_Listed(index)), experiment.path, experiment.uri)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Callable, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from tunekit import _env
 from tunekit._status_text import print_snapshot
@@ -86,11 +86,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             line += f": {'; '.join(check.problems)}"
         print(line, flush=True)
 
-    result = verify_experiment(args.experiment, on_check=show)
+    result = verify_experiment(args.experiment, on_check=show, full=args.full)
     if args.json:
         payload = {
             "experiment": result.location,
             "ok": result.ok,
+            "hashed": result.hashed,
             "counts": result.counts(),
             "checkpoints": [c.as_dict() for c in result.checks],
             "problems": list(result.problems),
@@ -196,6 +197,31 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_verify(sub: Any) -> None:
+    verify = sub.add_parser(
+        "verify",
+        help="check every checkpoint of an experiment against its manifest",
+        description=(
+            "Check every checkpoint of every trial of experiment EXP (a local path or "
+            "a URI such as s3://bucket/prefix/exp?endpoint_override=...) and report "
+            "good / incomplete / corrupt per checkpoint (unsupported: written by a newer "
+            "tunekit); EXP may also be one checkpoint directory, checked alone. Exit 0 if "
+            "all are good, 1 if any is bad or unsupported, 2 if EXP is not an experiment. "
+            "Each file's size is checked against the manifest; on a local disk each file's "
+            "hash too (--sizes: sizes alone), on remote storage sizes from one listing of "
+            "the experiment (--full: every file's hash too, read 16 at a time)."
+        ),
+    )
+    verify.add_argument("experiment", metavar="EXP", help="experiment directory or URI (or one checkpoint's)")
+    verify.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    depth = verify.add_mutually_exclusive_group()
+    depth.add_argument("--full", action="store_true", default=None,
+                       help="hash every file (the default on a local disk)")
+    depth.add_argument("--sizes", dest="full", action="store_false", default=None,
+                       help="check sizes alone, no file's bytes read (the default on remote storage)")
+    verify.set_defaults(func=_cmd_verify)
+
+
 def _build_parser() -> _Parser:
     parser = _Parser(
         prog="tunekit",
@@ -220,20 +246,7 @@ def _build_parser() -> _Parser:
     quick.add_argument("--address", default=None, help="Ray cluster to run on, host:port of its head (default: $RAY_ADDRESS, else a local Ray of its own)")
     quick.add_argument("--shared-storage", action="store_true", help="--storage-path is a shared mount on every node of the cluster")
     quick.set_defaults(func=_cmd_quickstart)
-    verify = sub.add_parser(
-        "verify",
-        help="check every checkpoint of an experiment against its manifest",
-        description=(
-            "Check every checkpoint of every trial of experiment EXP (a local path or "
-            "a URI such as s3://bucket/prefix/exp?endpoint_override=...) and report "
-            "good / incomplete / corrupt per checkpoint (unsupported: written by a newer "
-            "tunekit); EXP may also be one checkpoint directory, checked alone. Exit 0 if "
-            "all are good, 1 if any is bad or unsupported, 2 if EXP is not an experiment."
-        ),
-    )
-    verify.add_argument("experiment", metavar="EXP", help="experiment directory or URI (or one checkpoint's)")
-    verify.add_argument("--json", action="store_true", help="print the verdicts as JSON")
-    verify.set_defaults(func=_cmd_verify)
+    _add_verify(sub)
 
     status = sub.add_parser(
         "status",

@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -17,8 +18,9 @@ from dataclasses import dataclass, field
 import pyarrow.fs as pafs
 from typing import Any, Callable, Literal
 
+from tunekit._index import RemoteIndex, listed_storage
 from tunekit._interrupted import INTERRUPTED_WRITE, interrupted_write
-from tunekit._manifest import NOT_WRITTEN
+from tunekit._manifest import NOT_WRITTEN, TUNEKIT_FILES
 from tunekit._trial_dir import CHECKPOINT_DIR, STAGING, leftovers
 from tunekit.checkpoint import (
     CheckpointReport,
@@ -67,6 +69,8 @@ class ExperimentCheck:
     checks: list[CheckpointCheck] = field(default_factory=list)
     #: Damage to the experiment's own files: a torn ``tuner.pkl`` or experiment state, one line each.
     problems: list[str] = field(default_factory=list)
+    #: Whether every file's bytes were hashed (else its size alone was checked against the manifest).
+    hashed: bool = True
 
     @property
     def ok(self) -> bool:
@@ -90,6 +94,9 @@ class ExperimentCheck:
             if n or status not in ("unverified", "unsupported", "interrupted")
         )
         lines = [f"{len(self.checks)} checkpoints in {self.trials} trials: {parts}"]
+        lines.append("checked: every file's size and hash against its manifest" if self.hashed else
+                     "checked: every file's size against its manifest, no file's bytes read "
+                     "(tunekit verify --full hashes every file)")
         return "\n".join(lines + [f"damaged: {p}" for p in self.problems])
 
 
@@ -135,15 +142,17 @@ FOREIGN = "not a tunekit checkpoint"
 
 def checkpoint_at(location: str) -> Storage | None:
     """``location`` when it is one checkpoint directory (holding a tunekit file, or named ``checkpoint_N``):
-    what ``tunekit verify`` checks alone; None otherwise (an experiment, or nothing there)."""
+    what ``tunekit verify`` checks alone; None otherwise (an experiment, or nothing there). One listing."""
     try:
         where = resolve_storage(location)
-        if where.filesystem.get_file_info(where.path).type != pafs.FileType.Directory:
-            return None
-        named = CHECKPOINT_DIR.match(posixpath.basename(where.path.rstrip("/")))
-        return where if named or is_tunekit_checkpoint(where) else None
+        entries = where.filesystem.get_file_info(pafs.FileSelector(where.path, allow_not_found=True))
     except (TunekitError, OSError, ValueError):  # (not storage tunekit can read: verify_experiment says why)
         return None
+    if not entries and not (where.is_local and os.path.isdir(where.path)):  # (an empty local directory is one)
+        return None
+    named = CHECKPOINT_DIR.match(posixpath.basename(where.path.rstrip("/")))
+    ours = any(e.type == pafs.FileType.File and e.base_name in TUNEKIT_FILES for e in entries)
+    return where if named or ours else None
 
 
 def verify_one(checkpoint: Storage) -> tuple[str, list[str]]:
@@ -155,17 +164,28 @@ def verify_one(checkpoint: Storage) -> tuple[str, list[str]]:
     return report.status, list(report.problems)
 
 
-def _read_all(experiment: Storage,
-              trials: list[Any]) -> tuple[list[tuple[Any, Any, bool]], dict[str, CheckpointReport]]:
+def _opened(location: str | Storage, filesystem: Any, full: bool | None) -> tuple[Storage, RemoteIndex | None, bool]:
+    """The experiment to verify (remote: read from one listing and the index, see :mod:`tunekit._index`), its
+    index, and whether to hash every file (default: on a local disk, where reading is cheap)."""
+    experiment = resolve_storage(location, filesystem=filesystem)
+    hashed = experiment.is_local if full is None else full
+    if experiment.is_local:
+        return experiment, None, hashed
+    index = RemoteIndex(experiment)
+    return listed_storage(index), index, hashed
+
+
+def _read_all(experiment: Storage, trials: list[Any],
+              hashes: bool) -> tuple[list[tuple[Any, Any, bool]], dict[str, CheckpointReport]]:
     """Each checkpoint with whether tunekit wrote it; on remote storage each one's report too, many read at once
-    (every check is requests of its own: one after another they add up to minutes on a large experiment)."""
+    (each file read is a request of its own: one after another they add up to minutes on a large experiment)."""
     pairs = [(trial, ckpt) for trial in trials for ckpt in trial.checkpoints]
     if experiment.is_local or len(pairs) < 2:
         return [(t, c, is_tunekit_checkpoint(c.location)) for t, c in pairs], {}
     with ThreadPoolExecutor(max_workers=16, thread_name_prefix="tunekit-verify") as pool:
         ours = list(pool.map(lambda pair: is_tunekit_checkpoint(pair[1].location), pairs))
         reports = dict(zip([c.location.path for _, c in pairs],
-                           pool.map(lambda pair: verify_checkpoint(pair[1].location), pairs)))
+                           pool.map(lambda pair: verify_checkpoint(pair[1].location, hashes=hashes), pairs)))
     return [(t, c, mine) for (t, c), mine in zip(pairs, ours)], reports
 
 
@@ -174,34 +194,41 @@ def verify_experiment(
     *,
     filesystem: Any = None,
     on_check: Callable[[CheckpointCheck], None] | None = None,
+    full: bool | None = None,
 ) -> ExperimentCheck:
     """Verify every checkpoint of every trial of the experiment at ``location``.
 
-    Checkpoints written by tunekit are checked against their manifests. In an
-    experiment that holds tunekit checkpoints, a checkpoint directory without
-    any tunekit file is *incomplete* (for instance half-copied). Checkpoints
-    of other trainables cannot be verified and are reported as *unverified*.
+    Checkpoints written by tunekit are checked against their manifests: each file's size and, with ``full``, its
+    hash; remote ones from one listing and the experiment's index (:mod:`tunekit._index`). In an experiment that
+    holds tunekit checkpoints, a checkpoint directory without any tunekit file is *incomplete* (for instance
+    half-copied). Checkpoints of other trainables cannot be verified and are reported as *unverified*.
 
     Args:
         location: The experiment directory: path, URI or Storage.
         filesystem: A pyarrow/fsspec filesystem ``location`` is a path on.
         on_check: Called with each verdict as soon as it is known (progress).
+        full: Hash every file, or check sizes alone (False). Default: hash on a local disk, sizes on remote.
 
     Raises:
         ExperimentError: ``location`` is not an experiment directory.
         StorageError: the storage cannot be read.
     """
-    experiment = resolve_storage(location, filesystem=filesystem)
+    experiment, index, hashed = _opened(location, filesystem, full)
     trials = find_trials(experiment)
-    result = ExperimentCheck(location=experiment.uri, trials=len(trials))
-    found, reports = _read_all(experiment, trials)  # (reports: a Train checkpoint verified once, for both uses)
+    result = ExperimentCheck(location=experiment.uri, trials=len(trials), hashed=hashed)
+    found, reports = _read_all(experiment, trials, hashed)  # (a Train checkpoint verified once, for both uses)
     any_tunekit = any(is_ours for _, _, is_ours in found)
     registered: list[Any] = []  # (Ray's registered checkpoints, read once when a checkpoint has no manifest)
     pointed: set[str] = set()  # Train checkpoints a Tune checkpoint points at (pointers come first in a trial)
 
+    def add(check: CheckpointCheck) -> None:
+        result.checks.append(check)
+        if on_check is not None:
+            on_check(check)
+
     def report_of(location: Storage) -> CheckpointReport:
         if location.path not in reports:
-            reports[location.path] = verify_checkpoint(location)
+            reports[location.path] = verify_checkpoint(location, hashes=hashed)
         return reports[location.path]
 
     for trial, ckpt, is_ours in found:
@@ -235,20 +262,13 @@ def verify_experiment(
                                     status, problems)
         else:
             check = CheckpointCheck(trial.name, ckpt.name, None, "unverified", (FOREIGN,))
-        result.checks.append(check)
-        if on_check is not None:
-            on_check(check)
-    for trial in trials:  # what two-phase saves leave behind when a worker is killed mid-write
-        for check in _leftover_checks(trial):
-            result.checks.append(check)
-            if on_check is not None:
-                on_check(check)
-    for check in _registered_checks(experiment, trials):
-        result.checks.append(check)
-        if on_check is not None:
-            on_check(check)
+        add(check)
+    for check in [c for trial in trials for c in _leftover_checks(trial)] + _registered_checks(experiment, trials):
+        add(check)  # (what two-phase saves leave behind when a worker is killed mid-write; Ray's registered ones)
     result.problems.extend(experiment_file_problems(experiment, [t.name for t in trials]))
     result.problems.extend(result_file_problems(experiment, trials))
+    if index is not None:
+        index.save()
     return result
 
 

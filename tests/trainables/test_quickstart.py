@@ -85,7 +85,37 @@ def test_quickstart_on_s3(ray_session, s3_bucket, capsys):
     assert verify_checkpoint(ckpt).ok
     assert isinstance(DigitsTrainable.load_model(ckpt), torch.nn.Module)
     assert main(["verify", experiment]) == 0
+    _verify_reads_the_listing(experiment, s3_bucket, capsys)
     _status_reads_the_index(experiment, s3_bucket, capsys)
+
+
+def _verify_reads_the_listing(experiment, s3_bucket, capsys):
+    """`verify` on S3 checks sizes from one listing and the index, a request count that does not grow with
+    the trials; `--full` hashes every file; a cut file is named by either, a flipped byte by `--full`."""
+    from tunekit import resolve_storage
+
+    capsys.readouterr()
+    with s3_bucket.server.recording() as seen:
+        assert main(["verify", experiment]) == 0
+    sizes = capsys.readouterr().out
+    assert "no file's bytes read" in sizes and "--full" in sizes
+    assert len(seen) <= 6, "\n".join(seen)  # (the info of the experiment, its listing, the index read)
+    assert main(["verify", experiment, "--full"]) == 0
+    assert "size and hash" in capsys.readouterr().out
+    payload = sorted(k for k in s3_bucket.keys() if "/checkpoint_" in k and k.endswith("/state.pt"))[-1]
+    where = resolve_storage(experiment)
+    original = s3_bucket.read(payload)
+    try:
+        for damaged, found_by in ((original[:-1], ["verify", experiment]),
+                                  (original[:-1] + bytes([original[-1] ^ 1]), ["verify", experiment, "--full"])):
+            with where.filesystem.open_output_stream(f"{s3_bucket.name}/{payload}") as out:
+                out.write(damaged)
+            assert main(found_by) == 1
+            out = capsys.readouterr().out
+            assert payload.rsplit("/", 2)[-2] in out and "corrupt" in out
+    finally:
+        with where.filesystem.open_output_stream(f"{s3_bucket.name}/{payload}") as out:
+            out.write(original)
 
 
 def _status_reads_the_index(experiment, s3_bucket, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,7 +23,7 @@ from tunekit import (
     verify_checkpoint,
     write_checkpoint,
 )
-from tunekit.checkpoint import MANIFEST_FILE, METADATA_FILE, confirm_upload
+from tunekit.checkpoint import MANIFEST_FILE, METADATA_FILE, STATE_FILE, confirm_upload
 from tunekit.storage import Storage
 from tunekit.trainables.digits import build_digits_state, digits_model, train_steps
 
@@ -288,3 +289,26 @@ def test_a_checkpoint_skips_torch_crc32_and_leaves_the_users_setting_as_it_was(t
     torch.save(state, tmp_path / "users.pt")  # the user's own torch.save still computes it
     with zipfile.ZipFile(tmp_path / "users.pt") as archive:
         assert archive.testzip() is None
+
+
+def test_verify_hashes_locally_and_sizes_alone_with_sizes(pristine, tmp_path, capsys):
+    """`tunekit verify` on a local disk hashes every file (a flipped byte is corrupt); `--sizes` checks sizes
+    alone (the flipped byte passes, a cut file does not); each says in its last line which it did."""
+    from tunekit.cli import main
+
+    trial = tmp_path / "exp" / "trial_0"
+    shutil.copytree(pristine, trial / "checkpoint_000000")
+    (trial / "result.json").write_text("{}\n")
+    state = trial / "checkpoint_000000" / STATE_FILE
+    data = state.read_bytes()
+    state.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert main(["verify", str(tmp_path / "exp")]) == 1
+    out = capsys.readouterr().out
+    assert "corrupt" in out and "differs from manifest" in out and "size and hash" in out
+    assert main(["verify", str(tmp_path / "exp"), "--sizes", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["hashed"] is False
+    state.write_bytes(data[:-1])
+    assert main(["verify", str(tmp_path / "exp"), "--sizes"]) == 1
+    out = capsys.readouterr().out
+    assert "manifest says" in out and "no file's bytes read" in out
+    assert main(["verify", str(tmp_path / "exp"), "--full", "--sizes"]) == 2  # (one or the other)

@@ -303,10 +303,13 @@ def test_pbt_clones_a_donor_sharded_checkpoint_with_the_mutated_rate_in_effect(f
 
 
 def test_tune_decides_the_checkpoints_of_a_multi_worker_trial_each_of_the_iteration_it_saw(fresh_ray, storage,
-                                                                                             tmp_path):
+                                                                                             tmp_path, s3_bucket,
+                                                                                             capsys):
     """The loop asks for no checkpoint; Tune's ``checkpoint_frequency=2``, ``checkpoint_at_end`` and a callback's
     ``should_checkpoint`` at iteration 3 each get a checkpoint of that very iteration from every rank (lockstep:
-    the workers wait for Tune's decision on each report), and the at-end one holds the final weights."""
+    the workers wait for Tune's decision on each report), and the at-end one holds the final weights. The
+    experiment copied to S3 and from there to another local directory verifies in both places, its pointers
+    naming the copy's own Train checkpoints, and a Train run restored from the copy has the final weights."""
     from tunekit._manifest import read_metadata
     from tunekit.multiworker.trial import train_checkpoint_of
     from tunekit.storage import resolve_storage
@@ -334,9 +337,27 @@ def test_tune_decides_the_checkpoints_of_a_multi_worker_trial_each_of_the_iterat
     assert [read_metadata(resolve_storage(str(p)))["iteration"] for p in pointers] == iterations
     assert sorted(map(str, _checkpoints(result))) == sorted(targets)
     assert all(verify_checkpoint(t).ok for t in targets)
-    at_end = _restore(Path(targets[-1]), 2, tmp_path / "at-end.pt")
+    copy = _copied_through_s3(Path(result.path).parent, s3_bucket, tmp_path / "copy", capsys)
+    copied = train_checkpoint_of(str(copy / Path(result.path).name / pointers[-1].name))
+    assert copied == str(copy / Path(targets[-1]).relative_to(Path(result.path).parent))
+    at_end = _restore(Path(copied), 2, tmp_path / "at-end.pt")
     final = _final(tmp_path, "")
     assert at_end["iteration"] == 5 and all(torch.equal(at_end["weights"][k], final[k]) for k in final)
+
+
+def _copied_through_s3(experiment: Path, s3_bucket, local: Path, capsys) -> Path:
+    """``experiment`` copied to the S3 bucket and from there to ``local``, verified in each place."""
+    from tunekit.storage import resolve_storage
+
+    remote = resolve_storage(s3_bucket.uri("copied", experiment.name))
+    pafs.copy_files(str(experiment), remote.path, source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=remote.filesystem)
+    pafs.copy_files(remote.path, str(local), source_filesystem=remote.filesystem,
+                    destination_filesystem=pafs.LocalFileSystem())
+    for where in (remote.uri, str(local)):
+        assert main(["verify", where]) == 0, capsys.readouterr().out
+        assert " 0 incomplete, 0 corrupt" in capsys.readouterr().out
+    return local
 
 
 def _closing_after_each_stage(monkeypatch) -> None:
