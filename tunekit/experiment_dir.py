@@ -55,11 +55,20 @@ def pointer_target(fs: pafs.FileSystem, pointer_path: str, value: str) -> str:
     if value.startswith("../"):
         return posixpath.normpath(posixpath.join(trial_dir, value[3:]))
     marker = f"/{TRAIN_DIR}/"
-    if marker in value and fs.get_file_info(value).type == pafs.FileType.NotFound:
+    if marker in value and not _exists(fs, value):
         moved = posixpath.join(trial_dir, TRAIN_DIR, value.rstrip("/").rsplit(marker, 1)[1])
-        if fs.get_file_info(moved).type != pafs.FileType.NotFound:
+        if _exists(fs, moved):
             return moved
     return value
+
+
+def _exists(fs: pafs.FileSystem, path: str) -> bool:
+    """Whether anything is at ``path``; False too for a path the filesystem cannot hold (a local absolute
+    path asked of S3: an old pointer in an experiment copied there)."""
+    try:
+        return fs.get_file_info(path).type != pafs.FileType.NotFound
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)

@@ -146,13 +146,14 @@ def lockstep_trainable(trial: Callable[[dict[str, Any]], None], name: str, mixin
     base = function_trainable(trial, name=name)
 
     def _elsewhere_writer(self: Any) -> Callable[[str], Any] | None:
+        from tunekit.multiworker._lockstep import RUN as run  # (the worker's own: this class travels by value)
         from tunekit.multiworker._pointer import write_pointer
 
         path = ask_for_checkpoint()
         if path is None:
             return None
-        return lambda directory: write_pointer(directory, path, RUN.get("name", name), RUN.get("config", {}),
-                                               RUN.get("fs"))
+        return lambda directory: write_pointer(directory, path, run.get("name", name), run.get("config", {}),
+                                               run.get("fs"), trial_path=run.get("trial_path"))
 
     return type(name, (mixin, base), {"_elsewhere_writer": _elsewhere_writer, "tunekit_multiworker": True,
                                       "__module__": getattr(trial, "__module__", __name__)})

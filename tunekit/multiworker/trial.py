@@ -263,7 +263,7 @@ def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesyst
 
     thread = threading.Thread(target=fit, name="tunekit-train-run", daemon=True)
     RUN.update(controller=None, groups=set(), stopped=False, pending=None, ended=False, thread=thread, queue=queue,
-               decisions=decisions, fs=filesystem, name=name, config=config)
+               decisions=decisions, fs=filesystem, name=name, config=config, trial_path=trial_path)
     RUN["stash"].clear()
     checked: set[str] = set()  # Train checkpoints looked at for a cut-short write (each once a run)
     thread.start()
