@@ -227,7 +227,7 @@ class _Listed(pafs.FileSystemHandler):
     def open_input_file(self, path: str) -> Any:
         return self._whole(path) or self.fs.open_input_file(path)
 
-    def get_type_name(self) -> str:
+    def get_type_name(self) -> str:  # (ends with the storage's own: "py::tunekit-listed+s3")
         return f"tunekit-listed+{self.fs.type_name}"
 
     def normalize_path(self, path: str) -> str:

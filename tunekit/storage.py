@@ -266,7 +266,7 @@ def not_s3(storage: Storage) -> str | None:
     import urllib.parse
     import urllib.request
 
-    if storage.filesystem.type_name != "s3" or "endpoint_override=" not in storage.uri:
+    if storage.filesystem.type_name.rpartition("+")[2] != "s3" or "endpoint_override=" not in storage.uri:
         return None
     query = urllib.parse.parse_qs(storage.uri.partition("?")[2])
     endpoint = (query.get("endpoint_override") or [""])[0]

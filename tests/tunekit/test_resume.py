@@ -335,7 +335,7 @@ def test_resume_of_a_killed_quickstart_needs_no_trainable_and_keeps_damaged_chec
     copy = exp.join(trial.name, f".{newest.name}.damaged")
     assert exp.filesystem.get_file_info(copy.path).type.name == "Directory"
     assert not verify_checkpoint(copy).ok
-    assert main(["verify", exp.uri]) == 1
+    assert main(["verify", exp.uri, "--full"]) == 1
     assert main(["status", exp.uri]) == 2
     if other is not None:
         assert _drivers(other) == drivers, "tunekit resume joined somebody else's Ray"

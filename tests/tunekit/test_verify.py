@@ -51,7 +51,13 @@ def test_verify_reports_every_checkpoint_and_exit_codes(ray_session, base, capsy
     first, second = find_trials(storage)
     flip_byte(storage.filesystem, first.checkpoints[1].location.path)
     delete_manifest(storage.filesystem, second.checkpoints[0].location.path)
-    assert main(["verify", exp]) == 1
+    full = [] if storage.is_local else ["--full"]  # (remote storage: sizes alone unless --full)
+    if not storage.is_local:
+        assert main(["verify", exp, "--json"]) == 1  # the missing manifest, found by sizes alone
+        payload = json.loads(capsys.readouterr().out)
+        assert payload["hashed"] is False
+        assert payload["counts"] == {"good": 5, "incomplete": 1, "corrupt": 0, "unsupported": 0, "unverified": 0}
+    assert main(["verify", exp, *full]) == 1
     lines = capsys.readouterr().out.splitlines()
     bad = [line for line in lines if "good" not in line.split()[-1:] and "checkpoint_" in line]
     assert any(first.name in l and "checkpoint_000001" in l and "corrupt: state.pt: XXH3-128 differs" in l for l in bad)
@@ -64,7 +70,7 @@ def test_verify_reports_every_checkpoint_and_exit_codes(ray_session, base, capsy
         out = capsys.readouterr().out.splitlines()
         assert len(out) == 1 and out[0].startswith(f"{one}: {verdict}"), out
 
-    assert main(["verify", exp, "--json"]) == 1
+    assert main(["verify", exp, "--json", *full]) == 1
     payload = json.loads(capsys.readouterr().out)
     assert payload["counts"] == {"good": 4, "incomplete": 1, "corrupt": 1, "unsupported": 0, "unverified": 0}
     assert not payload["ok"] and {c["iteration"] for c in payload["checkpoints"]} == {1, 2, 3}
