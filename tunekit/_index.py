@@ -174,11 +174,9 @@ class _Listed(pafs.FileSystemHandler):
         self.index._list()
         out = []
         for path in paths:
-            rel = self._rel(path)  # (the experiment's own top: asked of the storage, it may not exist)
-            if rel == "" and self.index.stamps:  # (the experiment's top: it exists when anything is listed in it)
-                out.append(pafs.FileInfo(path, pafs.FileType.Directory))
-            else:
-                out.append(self._info(path, rel) if rel else self.fs.get_file_info(path))
+            rel = self._rel(path)  # (outside the experiment, or its top with nothing listed: the storage says)
+            out.append(self.fs.get_file_info(path) if rel is None or rel == "" and not self.index.stamps
+                       else self._info(path, rel))
         return out
 
     def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
@@ -222,10 +220,12 @@ class _Listed(pafs.FileSystemHandler):
         return None if data is None else pa.BufferReader(data)
 
     def open_input_stream(self, path: str) -> Any:
-        return self._whole(path) or self.fs.open_input_stream(path)
+        kept = self._whole(path)
+        return self.fs.open_input_stream(path) if kept is None else kept
 
     def open_input_file(self, path: str) -> Any:
-        return self._whole(path) or self.fs.open_input_file(path)
+        kept = self._whole(path)
+        return self.fs.open_input_file(path) if kept is None else kept
 
     def get_type_name(self) -> str:  # (ends with the storage's own: "py::tunekit-listed+s3")
         return f"tunekit-listed+{self.fs.type_name}"

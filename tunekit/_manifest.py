@@ -240,9 +240,10 @@ _HASH_NAMES = {"sha256": "SHA-256", "xxh3_128": "XXH3-128"}
 MISSING, NOT_WRITTEN = "directory is missing", "directory is empty: announced, its write in flight or never completed"
 
 
-def verify_directory(fs: pafs.FileSystem, path: str, shown: str, *, ranks: Any = None, hashes: bool = True) -> Any:
-    """Verify one checkpoint directory (a multi-worker one: every rank's part too, or those in ``ranks``) into a
-    :class:`CheckpointReport`; with ``hashes=False`` each file's size alone."""
+def verify_directory(fs: pafs.FileSystem, path: str, shown: str, *, ranks: Any = None,
+                     hashes: bool = True) -> CheckpointReport:
+    """Verify one checkpoint directory (a multi-worker one: every rank's part too, or those in ``ranks``); with
+    ``hashes=False`` each file's size alone."""
     local = isinstance(fs, pafs.LocalFileSystem)
     if not (os.path.isdir(path) if local else fs.get_file_info(path).type == pafs.FileType.Directory):
         return CheckpointReport(shown, "incomplete", [MISSING])
