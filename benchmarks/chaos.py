@@ -21,7 +21,9 @@ after a seeded number of results; then ``tunekit resume`` continues it here, its
 inside writes, and the invariants are checked on what the two drivers left), ``sigint`` and ``sigterm`` (the
 same, the driver ended by Ctrl-C or SIGTERM at a seeded result: Tune stops gracefully, then ``tunekit
 resume``), ``two_resumes`` (a killed driver, then two ``tunekit resume`` processes at once: one runs the
-experiment to its end, the other refuses in one line naming it). Every trial must end at its stop by its last
+experiment to its end, the other refuses in one line naming it), ``node_loss_s3`` (``pbt`` on a 3-node
+``ray start`` cluster with moto's S3 storage, whole worker nodes SIGKILLed and replaced, the driver SIGKILLed,
+then ``tunekit resume --address``: ``benchmarks/node_loss.py``). Every trial must end at its stop by its last
 row, Ray's iteration, the read model's and its newest checkpoint's own.
 
     python benchmarks/chaos.py --runs 5                     # the whole matrix
@@ -50,7 +52,8 @@ from ray import tune  # noqa: E402
 
 from tunekit import FunctionSession, TorchTrainable, TrainingState, function_trainable  # noqa: E402
 
-SCENARIOS = ("one", "pbt", "pbt_function", "noreuse", "ray_pbt", "s3", "driver", "sigint", "sigterm", "two_resumes")
+SCENARIOS = ("one", "pbt", "pbt_function", "noreuse", "ray_pbt", "s3", "driver", "sigint", "sigterm", "two_resumes",
+             "node_loss_s3")
 #: The scenarios whose driver is a child process ended by a signal, then resumed here: the signal it sends itself.
 ENDINGS = {"driver": signal.SIGKILL, "sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "two_resumes": signal.SIGKILL}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -172,6 +175,19 @@ def _child(argv: list[str]) -> None:
           flush=True)
 
 
+def _child_cluster(argv: list[str]) -> None:
+    """The driver of a ``node_loss_s3`` run, on the cluster at ADDRESS: ``--child-cluster ADDRESS STORAGE NAME
+    DIE_AFTER WIDTH ITERATIONS``; it SIGKILLs itself at the DIE_AFTER-th result."""
+    import ray
+
+    import benchmarks.chaos as imported
+
+    address, storage, name, die_after, width, iterations = argv
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    imported._run("pbt", storage, name, width=int(width), iterations=int(iterations), injector=_Nothing(),
+                  extra=(imported._DieAfter(int(die_after)),))
+
+
 def _driver_run(local: str, name: str, run: int, args: Any, width: int,
                 scenario: str = "driver") -> tuple[Any, str, list, str]:
     """A run of a scenario that ends its driver (:data:`ENDINGS`): SIGKILL, Ctrl-C or SIGTERM of a driver of
@@ -258,13 +274,16 @@ def _s3_server() -> Any:
         client.create_bucket(Bucket=name)
         return f"s3://{name}/runs?endpoint_override={endpoint}&region=us-east-1"
 
-    return bucket
+    return bucket, client
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         _child(argv[1:])
+        return 0
+    if argv[:1] == ["--child-cluster"]:
+        _child_cluster(argv[1:])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
@@ -280,12 +299,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import ray
 
-    from tests.support.injector import Injector, invariant_violations
+    from tests.support.injector import Injector, Kill, invariant_violations
     from tunekit import read_state
 
     width = max(8, int(args.mb * 1e6 / 4 / (2 * 256)))
-    s3 = _s3_server() if "s3" in args.scenarios.split(",") else None  # before Ray: workers inherit the credentials
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    chosen = args.scenarios.split(",")
+    s3 = _s3_server() if {"s3", "node_loss_s3"} & set(chosen) else None  # before Ray: workers inherit credentials
+    if set(chosen) - {"node_loss_s3"}:  # node_loss_s3 runs on a cluster of its own
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     print(f"chaos: {args.mb:.0f} MB of weights (width {width}), {args.iterations} iterations, a checkpoint each, "
           f"num_to_keep=1, max_failures=20; up to {args.kills} kills a run, {args.writes:.0%} of writes", flush=True)
     reference: dict[Any, Any] = {}
@@ -301,13 +322,19 @@ def main(argv: list[str] | None = None) -> int:
         ok_runs, inside, phases, violations_all = 0, 0, {}, []
         for run in range(args.runs):
             with tempfile.TemporaryDirectory() as local:
-                storage = s3(f"{scenario}-{run}") if scenario == "s3" else local
+                storage = s3[0](f"{scenario}-{run}") if scenario == "s3" else local
                 injector = Injector(local, writes=args.writes, max_kills=args.kills, seed=run, trainable="Wide",
                                     mean_interval_s=args.mean_s if scenario == "s3" else None,
                                     aim=None if args.aim == "anywhere" else args.aim)
                 start = time.monotonic()
                 note = ""
-                if scenario in ENDINGS:
+                if scenario == "node_loss_s3":
+                    from benchmarks.node_loss import node_loss_run
+
+                    grid, experiment, lost, note = node_loss_run(run, args, width, *s3)
+                    kills = [Kill(0.0, 0, f"write: node lost {p}" if p == "during an upload" else f"node lost {p}")
+                             for p in lost]
+                elif scenario in ENDINGS:
                     grid, experiment, kills, note = _driver_run(local, f"{scenario}-{run}", run, args, width,
                                                                 scenario)
                 else:
@@ -317,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
                 seconds = time.monotonic() - start
                 violations = invariant_violations(experiment, grid, reference=reference if scenario == "one" else None,
                                                   stop=args.iterations)
+                if scenario == "node_loss_s3" and (len(kills) < 3 or not any(k.inside_write for k in kills)):
+                    violations.append(f"only {len(kills)} node kills, "
+                                      f"{sum(k.inside_write for k in kills)} during an upload (3 and 1 wanted)")
                 if violations and args.keep and "://" not in experiment:
                     kept = os.path.join(args.keep, f"{scenario}-{run}")
                     shutil.copytree(experiment, kept, symlinks=True, dirs_exist_ok=True)
