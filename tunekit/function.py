@@ -227,7 +227,8 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         try:
             output = type(self)._train_fn(config)
         finally:
-            _RUNNING.pop(trial_id, None)
+            if _RUNNING.get(trial_id) is self:  # (a stopped worker's thread may end after a new one of its id began)
+                del _RUNNING[trial_id]
         if isinstance(output, dict) and output:
             _ray.session_report(output)
         elif self.iteration == 0 and _ray.last_reported(self) is None:  # (nothing reported, nothing restored)
