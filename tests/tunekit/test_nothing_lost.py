@@ -24,6 +24,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
@@ -448,3 +449,53 @@ def test_a_pbt_clones_pin_on_s3_stays_until_the_clone_has_a_newer_checkpoint(ray
         assert read_metadata(saved.checkpoint)["iteration"] == 4
     finally:
         again.stop()
+
+
+_GATES: dict[str, Any] = {}
+
+
+def _gated_digits(config: dict[str, Any]) -> None:
+    """``train_digits``, recording its thread: a worker of ``config["gated"]`` waits before making its session,
+    any other trains one iteration and ends once told to."""
+    from tunekit.trainables import train_digits
+
+    _GATES.setdefault("threads", []).append(threading.current_thread())
+    if config.get("gated"):
+        _GATES["registered"].set()
+        _GATES["release"].wait()
+        return train_digits(config)
+    try:
+        train_digits({**config, "max_iterations": 1})
+    finally:
+        _GATES["may_end"].wait()
+
+
+def test_a_stopped_workers_thread_that_ends_late_leaves_a_new_worker_of_its_trial_id_whole(tmp_path):
+    """Two workers of one trial id in one process (a trial restarted there): the stopped one's training thread
+    ending after the new one's began must not unregister the new one, whose session would then be no one's and
+    whose saves would hold no state."""
+    from tunekit import _ray, function_trainable
+
+    cls = function_trainable(_gated_digits, name="GatedDigits")
+    config = {"hidden_size": 8, "steps_per_iteration": 1, "seed": 1}
+    _GATES.clear()
+    _GATES.update(registered=threading.Event(), release=threading.Event(), may_end=threading.Event())
+    old = cls(config=config, storage=_ray.offline_storage(str(tmp_path), "t"))
+    old.train()
+    old.stop()  # its training thread is told to end; it ends in its own time
+    new = cls(config={**config, "gated": True}, storage=_ray.offline_storage(str(tmp_path), "t"))
+    try:
+        first = threading.Thread(target=new.train)
+        first.start()
+        assert _GATES["registered"].wait(timeout=600)  # the new worker's thread is registered, no session yet
+        _GATES["may_end"].set()
+        _GATES["threads"][0].join()  # the stopped worker's thread has ended
+        _GATES["release"].set()
+        first.join()
+        saved = new.save()
+        assert saved.checkpoint is not None
+        assert read_metadata(saved.checkpoint.path)["iteration"] == 1
+    finally:
+        _GATES["release"].set()
+        _GATES["may_end"].set()
+        new.stop()
