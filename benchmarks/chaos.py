@@ -133,8 +133,13 @@ def _run(scenario: str, storage: str, name: str, *, width: int, iterations: int,
                                       checkpoint_config=checkpoint, callbacks=callbacks,
                                       failure_config=tune.FailureConfig(max_failures=20), verbose=0),
         ).fit()
+    return grid, experiment_uri(storage, name)
+
+
+def experiment_uri(storage: str, name: str) -> str:
+    """The URI of experiment ``name`` under ``storage`` (a path, or a URI whose query stays at its end)."""
     base, sep, query = storage.partition("?")
-    return grid, f"{base.rstrip('/')}/{name}{sep}{query}"
+    return f"{base.rstrip('/')}/{name}{sep}{query}"
 
 
 class _DieAfter(tune.Callback):
@@ -323,9 +328,6 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(args.runs):
             with tempfile.TemporaryDirectory() as local:
                 storage = s3[0](f"{scenario}-{run}") if scenario == "s3" else local
-                injector = Injector(local, writes=args.writes, max_kills=args.kills, seed=run, trainable="Wide",
-                                    mean_interval_s=args.mean_s if scenario == "s3" else None,
-                                    aim=None if args.aim == "anywhere" else args.aim)
                 start = time.monotonic()
                 note = ""
                 if scenario == "node_loss_s3":
@@ -338,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                     grid, experiment, kills, note = _driver_run(local, f"{scenario}-{run}", run, args, width,
                                                                 scenario)
                 else:
+                    injector = Injector(local, writes=args.writes, max_kills=args.kills, seed=run, trainable="Wide",
+                                        mean_interval_s=args.mean_s if scenario == "s3" else None,
+                                        aim=None if args.aim == "anywhere" else args.aim)
                     grid, experiment = _run(scenario, storage, f"{scenario}-{run}", width=width,
                                             iterations=args.iterations, injector=injector)
                     kills = injector.kills

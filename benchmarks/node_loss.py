@@ -5,8 +5,8 @@ The cluster is started with ``ray start`` on this machine: a head with no CPUs (
 worker nodes of one CPU each, each node in a process group of its own (``ray start --block`` under
 ``setsid``), so one ``killpg(SIGKILL)`` takes a node's raylet, agents and trial workers at once, as a lost
 machine would. Storage is moto's S3 server on 127.0.0.1. A killer thread here watches the bucket's open
-multipart uploads (a checkpoint's ``state.pt`` going up) and the nodes' process titles (``ray::Wide.save``):
-while an upload is open and a node's worker is saving, it kills that node (``during an upload``); when none
+multipart uploads (a checkpoint's ``state.pt`` going up) and the files the nodes' processes have open: while
+an upload is open and a process of a node reads a ``state.pt``, it kills that node (``during an upload``); when none
 is caught for a while it kills a random worker node (``between uploads``). Each killed node is replaced by a
 fresh one. The driver (``chaos.py --child-cluster``) SIGKILLs itself at a seeded result; ``tunekit resume
 EXP --address`` then runs the sweep to its end on the same cluster, nodes still being killed.
@@ -94,23 +94,28 @@ class Cluster:
             node.wait()
 
 
-def _titles(pgid: int) -> list[str]:
-    """The process titles (``/proc/PID/cmdline``) of the processes in process group ``pgid``."""
-    titles = []
+def _reads_a_state(pgid: int) -> bool:
+    """Whether a process of process group ``pgid`` has a ``state.pt`` open read-only: a checkpoint of one of
+    its trials being uploaded (its write opens the file write-only)."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if os.getpgid(int(pid)) == pgid:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    titles.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
-        except (OSError, ProcessLookupError):
+            if os.getpgid(int(pid)) != pgid:
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}").endswith("/state.pt"):
+                    with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                        flags = next(line for line in info if line.startswith("flags:")).split()[1]
+                    if int(flags, 8) & os.O_ACCMODE == os.O_RDONLY:
+                        return True
+        except (OSError, ProcessLookupError, StopIteration):
             pass
-    return titles
+    return False
 
 
 @dataclass
 class NodeKiller:
-    """Kill worker nodes of ``cluster`` while a run goes on: one whose trial worker is saving while a multipart
-    upload to ``bucket`` is open, else after ``idle_s`` without one a random worker node; at most ``max_kills``,
+    """Kill worker nodes of ``cluster`` while a run goes on: one whose trial worker reads a ``state.pt`` while a
+    multipart upload to ``bucket`` is open (its upload), else after ``idle_s`` without one a random worker node; at most ``max_kills``,
     each followed by a replacement node, ``settle_s`` apart."""
 
     cluster: Cluster
@@ -138,8 +143,8 @@ class NodeKiller:
         while not self._stop.wait(0.02) and len(self.kills) < self.max_kills:
             if time.monotonic() - last < self.settle_s:
                 continue
-            saving = [node for node in list(self.cluster.nodes)
-                      if any(t.startswith("ray::Wide.save") for t in _titles(node.pid))]
+            uploading = self.client.list_multipart_uploads(Bucket=self.bucket).get("Uploads")
+            saving = [node for node in list(self.cluster.nodes) if uploading and _reads_a_state(node.pid)]
             if saving and self.client.list_multipart_uploads(Bucket=self.bucket).get("Uploads"):
                 self._kill(saving[0], "during an upload")
             elif time.monotonic() - last > self.idle_s and self.cluster.nodes:
@@ -160,7 +165,7 @@ def node_loss_run(run: int, args: Any, width: int, bucket_of: Any, client: Any) 
     the node kills' phases and a line about the driver."""
     from ray import tune
 
-    from benchmarks.chaos import Wide
+    from benchmarks.chaos import Wide, experiment_uri
     from tests.support.killed import run_and_reap
 
     name = f"node_loss_s3-{run}"
@@ -177,8 +182,7 @@ def node_loss_run(run: int, args: Any, width: int, bucket_of: Any, client: Any) 
             if done.returncode != -signal.SIGKILL:
                 raise SystemExit(f"node_loss_s3 run {run}: the driver did not SIGKILL itself "
                                  f"(exit {done.returncode}):\n" + (done.stdout + done.stderr)[-3000:])
-            base, sep, query = storage.partition("?")
-            experiment = f"{base.rstrip('/')}/{name}{sep}{query}"
+            experiment = experiment_uri(storage, name)
             resumed = subprocess.run([sys.executable, "-m", "tunekit.cli", "resume", experiment, "--address",
                                       cluster.address, "--trainable", "benchmarks.chaos:Wide"],
                                      env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
