@@ -3,7 +3,7 @@ writes, then one invariant check of what each run left.
 
 Each run trains a wide MLP (``--mb`` of weights; checkpoints twice that with the momentum buffers), a
 checkpoint every iteration, ``num_to_keep=1``, ``max_failures=20``, 4 trials on 2 CPUs (1 for the
-``one`` scenario). A failure injector in the driver (``tests/support/injector.py``) watches the trial
+``one`` scenario). A failure injector in the driver (``tunekit.testing``) watches the trial
 directories and SIGKILLs the worker writing a checkpoint (a two-phase save names its writer in its
 staging directory), for a fraction of the writes it sees, up to ``--kills`` a run. After the run:
 0 trials in ERROR, every trial's newest checkpoint exists and verifies, no interrupted write left,
@@ -167,7 +167,7 @@ def _child(argv: list[str]) -> None:
     import ray
 
     import benchmarks.chaos as imported  # the trainable is pickled as benchmarks.chaos.Wide, not __main__'s
-    from tests.support.injector import Injector
+    from tunekit.testing import Injector
 
     storage, name, die_after, seed, width, iterations, writes, kills, aim, sig = argv
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -200,8 +200,8 @@ def _driver_run(local: str, name: str, run: int, args: Any, width: int,
     refuse, naming the other). Returns the grid, the experiment, the kills (driver's and resume's) and a line
     about the driver."""
     from benchmarks.chaos import Wide as Imported
-    from tests.support.injector import Injector, Kill
-    from tests.support.killed import run_and_reap
+    from tunekit.testing import Injector, Kill
+    from tunekit.testing import run_and_reap
     from tunekit.resume import resume_experiment
     from tunekit.snapshot import format_counts
 
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import ray
 
-    from tests.support.injector import Injector, Kill, invariant_violations
+    from tunekit.testing import Injector, Kill, invariant_violations
     from tunekit import read_state
 
     width = max(8, int(args.mb * 1e6 / 4 / (2 * 256)))

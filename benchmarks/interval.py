@@ -2,7 +2,7 @@
 
 One trial with a known iteration time (``--iter-s`` of sleep: the training) and a real checkpoint cost
 (``--mb`` of weights written by ``save()``, background saves off, so what the save costs is what training
-waits) runs ``--work`` iterations while the failure injector (``tests/support/injector.py``) SIGKILLs its
+waits) runs ``--work`` iterations while the failure injector (``tunekit.testing``) SIGKILLs its
 worker at random, at exponential intervals of mean M, for real, on a shortened time scale
 (``FailureConfig(max_failures=-1)``). Policies: a checkpoint every 1, 10 and 50 iterations
 (``CheckpointConfig(checkpoint_frequency=k)``), ``CheckpointAutopilot`` with its defaults (no prior: it
@@ -59,7 +59,7 @@ class Steady(TorchTrainable):
 def _run(policy: str, mtbf: float, args: argparse.Namespace, seed: int) -> dict[str, float]:
     from ray import tune
 
-    from tests.support.injector import Injector
+    from tunekit.testing import Injector
     from tunekit.callbacks import CheckpointAutopilot
 
     with tempfile.TemporaryDirectory() as storage:

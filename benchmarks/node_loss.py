@@ -2,14 +2,15 @@
 while a PBT sweep checkpoints to S3, then its driver killed and ``tunekit resume --address`` run.
 
 The cluster is started with ``ray start`` on this machine: a head with no CPUs (it holds the GCS) and two
-worker nodes of one CPU each, each node in a process group of its own (``ray start --block`` under
-``setsid``), so one ``killpg(SIGKILL)`` takes a node's raylet, agents and trial workers at once, as a lost
-machine would. Storage is moto's S3 server on 127.0.0.1. A killer thread here watches the bucket's open
-multipart uploads (a checkpoint's ``state.pt`` going up) and the files the nodes' processes have open: while
-an upload is open and a process of a node reads a ``state.pt``, it kills that node (``during an upload``); when none
-is caught for a while it kills a random worker node (``between uploads``). Each killed node is replaced by a
-fresh one. The driver (``chaos.py --child-cluster``) SIGKILLs itself at a seeded result; ``tunekit resume
-EXP --address`` then runs the sweep to its end on the same cluster, nodes still being killed.
+worker nodes of one CPU each, each node in a session of its own (``ray start --block`` under ``setsid``).
+Ray starts trial workers in process groups of their own but in their node's session, so a node is killed by
+session: its raylet, agents and trial workers at once, as a lost machine loses them. Storage is moto's S3
+server on 127.0.0.1. A killer thread here watches the bucket's open multipart uploads and the files the
+nodes' processes have open: while a checkpoint's ``state.pt`` is being uploaded and a process of a node
+reads a ``state.pt``, it kills that node (``during an upload``); when none is caught for a while it kills a
+random worker node (``between uploads``). Each killed node is replaced by a fresh one. The driver
+(``chaos.py --child-cluster``) SIGKILLs itself at a seeded result; ``tunekit resume EXP --address`` then runs
+the sweep to its end on the same cluster, nodes still being killed.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ __all__ = ["Cluster", "NodeKiller", "node_loss_run"]
 @dataclass
 class Cluster:
     """A head and ``workers`` one-CPU worker nodes on this machine, each started by ``ray start --block`` in a
-    process group of its own, on ports of its own (``base`` + 100 a node started)."""
+    session of its own, on ports of its own (``base`` + 100 a node started)."""
 
     base: int
     workers: int = 2
@@ -82,32 +83,55 @@ class Cluster:
     def kill(self, node: subprocess.Popen) -> None:
         with self.lock:
             self.nodes.remove(node)
-        os.killpg(node.pid, signal.SIGKILL)
+        _kill_session(node.pid)
         node.wait()
 
     def stop(self) -> None:
         for node in [*self.nodes, self.head]:
-            try:
-                os.killpg(node.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill_session(node.pid)
             node.wait()
 
 
-def _reads_a_state(pgid: int) -> bool:
-    """Whether a process of process group ``pgid`` has a ``state.pt`` open read-only: a checkpoint of one of
-    its trials being uploaded (its write opens the file write-only)."""
+def _session(sid: int) -> list[int]:
+    """The processes of session ``sid``: a node's ``ray start``, raylet and agents, and its trial workers, which
+    Ray starts in process groups of their own, but in the node's session."""
+    pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if os.getpgid(int(pid)) != pgid:
-                continue
+            if os.getsid(int(pid)) == sid:
+                pids.append(int(pid))
+        except (OSError, ProcessLookupError):
+            pass
+    return pids
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` at once, as a lost machine loses them."""
+    while left := _session(sid):
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in left:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def _reads_a_state(sid: int) -> bool:
+    """Whether a process of session ``sid`` has a ``state.pt`` open read-only: a checkpoint of one of its
+    trials being uploaded (its write opens the file write-only)."""
+    for pid in _session(sid):
+        try:
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 if os.readlink(f"/proc/{pid}/fd/{fd}").endswith("/state.pt"):
                     with open(f"/proc/{pid}/fdinfo/{fd}") as info:
                         flags = next(line for line in info if line.startswith("flags:")).split()[1]
                     if int(flags, 8) & os.O_ACCMODE == os.O_RDONLY:
                         return True
-        except (OSError, ProcessLookupError, StopIteration):
+        except (OSError, StopIteration):
             pass
     return False
 
@@ -126,6 +150,7 @@ class NodeKiller:
     idle_s: float = 15.0
     settle_s: float = 8.0
     kills: list[str] = field(default_factory=list)
+    _cut_off: set[str] = field(default_factory=set)
 
     def __enter__(self) -> NodeKiller:
         self._stop = threading.Event()
@@ -143,9 +168,8 @@ class NodeKiller:
         while not self._stop.wait(0.02) and len(self.kills) < self.max_kills:
             if time.monotonic() - last < self.settle_s:
                 continue
-            uploading = self.client.list_multipart_uploads(Bucket=self.bucket).get("Uploads")
-            saving = [node for node in list(self.cluster.nodes) if uploading and _reads_a_state(node.pid)]
-            if saving and self.client.list_multipart_uploads(Bucket=self.bucket).get("Uploads"):
+            saving = [node for node in list(self.cluster.nodes) if _reads_a_state(node.pid)]
+            if saving and self._state_uploads():
                 self._kill(saving[0], "during an upload")
             elif time.monotonic() - last > self.idle_s and self.cluster.nodes:
                 self._kill(rng.choice(self.cluster.nodes), "between uploads")
@@ -153,8 +177,15 @@ class NodeKiller:
                 continue
             last = time.monotonic()
 
+    def _state_uploads(self) -> set[str]:
+        """The open multipart uploads of a checkpoint's ``state.pt`` (pyarrow uploads every file so) but those a
+        kill cut off, which stay open for good: their upload ids."""
+        uploads = self.client.list_multipart_uploads(Bucket=self.bucket).get("Uploads", [])
+        return {u["UploadId"] for u in uploads if u["Key"].endswith("/state.pt")} - self._cut_off
+
     def _kill(self, node: subprocess.Popen, phase: str) -> None:
         self.cluster.kill(node)
+        self._cut_off |= self._state_uploads()  # (the other node's, if any, end within settle_s anyway)
         self.kills.append(phase)
         self.cluster.add_worker()
 
@@ -166,7 +197,7 @@ def node_loss_run(run: int, args: Any, width: int, bucket_of: Any, client: Any) 
     from ray import tune
 
     from benchmarks.chaos import Wide, experiment_uri
-    from tests.support.killed import run_and_reap
+    from tunekit.testing import run_and_reap
 
     name = f"node_loss_s3-{run}"
     storage = bucket_of(name.replace("_", "-"))

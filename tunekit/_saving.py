@@ -60,7 +60,7 @@ from typing import Any, Callable
 import pyarrow.fs as pafs
 from ray import tune
 
-from tunekit import _env, _ray
+from tunekit import _env, _faults, _ray
 from tunekit._ray import TrainingResult
 from tunekit._announced import announce, claim_index, drop_unregistered
 from tunekit._durability import Durability
@@ -68,7 +68,7 @@ from tunekit._pins import release_adopted_pin
 from tunekit._priority import lend_priority, submit_below
 from tunekit._trial_dir import (CHECKPOINT_DIR, has_hidden_checkpoints, keep_newest_complete, link_tree,
                                stage_checkpoint, tidy)
-from tunekit.checkpoint import confirm_upload, write_checkpoint, write_phase
+from tunekit.checkpoint import confirm_upload, write_checkpoint
 from tunekit.errors import CheckpointError, first_line
 from tunekit.state import StateBuffers
 from tunekit.storage import directory_bytes
@@ -277,7 +277,7 @@ def commit_checkpoint(staging: str, final: str, write: Callable[[str], None], du
         # Its index was never used before (:func:`claim_index`), so nothing else can be there; were it, the
         # rename fails (a directory not empty) and nothing of anyone's is deleted.
         os.rename(staging, final)
-        write_phase("committed")
+        _faults.reached("committed")
     except BaseException as exc:
         written = _local_bytes(staging) if _no_space(exc) else None
         shutil.rmtree(staging, ignore_errors=True)

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import pyarrow.fs as pafs
 
+from tunekit import _faults
 from tunekit._manifest import (
     MANIFEST_FILE,
     MANIFEST_FORMAT,
@@ -105,7 +106,6 @@ __all__ = [
     "unsupported_format",
     "verify_checkpoint",
     "write_checkpoint",
-    "write_phase",
 ]
 
 
@@ -134,25 +134,11 @@ class _HashingWriter:
         self.digest.update(view)
         self.fh.write(view)
         self.size += view.nbytes
-        write_phase("state")
+        _faults.reached("state")
         return view.nbytes
 
     def flush(self) -> None:
         self.fh.flush()
-
-
-#: Fault injection for tests (``tests/support/contract.py``): called with the
-#: phase of a checkpoint write that was just reached ("state": a chunk of
-#: ``state.pt`` written; "manifest": every file written, before the manifest;
-#: "committed": a save renamed into place). None (the default) costs one global lookup per call.
-_on_write_phase: Any = None
-
-
-def write_phase(phase: str) -> None:
-    """A checkpoint write reached ``phase``: the fault-injection point (``_on_write_phase``) for kill tests."""
-    hook = _on_write_phase
-    if hook is not None:
-        hook(phase)
 
 
 _CRC32_OPTION = threading.Lock()
@@ -268,7 +254,7 @@ def write_checkpoint(
     files[METADATA_FILE] = {"size": len(meta_bytes), WRITTEN_HASH: digest_bytes(meta_bytes, WRITTEN_HASH)}
     if not staged:  # (a new staging directory holds nothing else)
         _list_other_files(path, files, sync=sync)
-    write_phase("manifest")
+    _faults.reached("manifest")
     _write_file(manifest, manifest_bytes(files), sync=sync, staged=staged)
     return path
 

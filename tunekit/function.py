@@ -183,8 +183,7 @@ class FunctionSession:
         keys = self._adapter.checkpointer.result_keys() if self._adapter is not None else None
         metrics = {**keys, **metrics} if keys else metrics  # the last save's cost; whose checkpoint was restored
         if not checkpoint:
-            tune.report(metrics)
-            return
+            return tune.report(metrics)
         directory = tempfile.mkdtemp(prefix="tunekit-ckpt-")
         try:
             self.save(directory)
@@ -227,7 +226,7 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         try:
             output = type(self)._train_fn(config)
         finally:
-            if _RUNNING.get(trial_id) is self:  # (a stopped worker's thread may end after a new one of its id began)
+            if _RUNNING.get(trial_id) is self:  # (not a newer worker of its id: a stopped one's thread may end late)
                 del _RUNNING[trial_id]
         if isinstance(output, dict) and output:
             _ray.session_report(output)

@@ -10,7 +10,8 @@ import pytest
 import torch
 from ray import tune
 
-from tests.support.contract import KillActorOnce, checkpoint_iterations, run_actor, tensors_equal
+from tests.support.contract import KillActorOnce, checkpoint_iterations, run_actor
+from tunekit.testing import tensors_equal
 from tests.support.fit import fit, tunekit_rows
 from tunekit import CheckpointError, read_metadata, read_state, warm_start
 from tunekit.callbacks import CheckpointByStepsTaken, ParquetLogger

@@ -13,7 +13,6 @@ from typing import Any
 
 import pyarrow.fs as pafs
 import ray
-import torch
 from ray import tune
 
 from tests.support.faults import flip_byte
@@ -56,22 +55,6 @@ def end_actor(actor) -> None:
         ray.kill(actor)
 
 
-def tensors_equal(a: Any, b: Any, where: str = "") -> list[str]:
-    """Paths at which two nested state structures differ (empty list: bit-exact)."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        ok = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-        return [] if ok else [where]
-    if isinstance(a, dict) and isinstance(b, dict):
-        if set(a) != set(b):
-            return [f"{where}: keys {sorted(map(str, a))} != {sorted(map(str, b))}"]
-        return [p for k in a for p in tensors_equal(a[k], b[k], f"{where}/{k}")]
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        if len(a) != len(b):
-            return [f"{where}: length {len(a)} != {len(b)}"]
-        return [p for i, (x, y) in enumerate(zip(a, b)) for p in tensors_equal(x, y, f"{where}[{i}]")]
-    return [] if a == b else [f"{where}: {a!r} != {b!r}"]
-
-
 def weights_digest(models_state: dict[str, Any]) -> str:
     digest = hashlib.sha256()
     for name in sorted(models_state):
@@ -86,7 +69,6 @@ def checkpoint_iterations(trial_dir: Path) -> list[int]:
     return sorted(
         json.loads((d / "tunekit.json").read_text())["iteration"] for d in trial_dir.glob("checkpoint_*")
     )
-
 
 
 class KillActorOnce(tune.Callback):
@@ -147,7 +129,7 @@ def die_once(config: dict[str, Any], upcoming: int) -> None:
         return
     phase = config.get("die_in_write")
     if phase:
-        import tunekit.checkpoint as checkpoint
+        import tunekit._faults as faults
         from tunekit._saving import drain_writes
 
         # An earlier checkpoint's write may still be in flight (its helper thread runs at a lower
@@ -167,7 +149,7 @@ def die_once(config: dict[str, Any], upcoming: int) -> None:
             if (not wait_for_step or _stepping.wait(timeout=1.0)) and _first_death(marker):
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        checkpoint._on_write_phase = hook
+        faults.hook = hook
         return
     if _first_death(marker):
         os.kill(os.getpid(), signal.SIGKILL)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.contract import tensors_equal
+from tunekit.testing import tensors_equal
 from tunekit import read_state
 from tunekit.state import TrainingState
 from tunekit.trainables import DigitsTrainable

@@ -10,7 +10,7 @@ import pytest
 from ray import tune
 
 from tests.support.contract import DyingDigits, DyingTrainDigits
-from tests.support.injector import invariant_violations
+from tunekit.testing import invariant_violations
 from tunekit.callbacks import KeepCheckpoints, ParquetLogger
 from tunekit.pbt import pbt_setup
 

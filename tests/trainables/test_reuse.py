@@ -15,7 +15,8 @@ import pytest
 import ray
 import torch
 
-from tests.support.contract import end_actor, make_actor, tensors_equal
+from tests.support.contract import end_actor, make_actor
+from tunekit.testing import tensors_equal
 from tunekit import TorchTrainable, read_state
 from tunekit.reuse import reusable_slot
 from tunekit.trainables import DigitsTrainable, TrainDigits

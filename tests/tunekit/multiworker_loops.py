@@ -80,7 +80,7 @@ def loop(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
 
-    from tunekit import checkpoint as tk_checkpoint
+    from tunekit import _faults as tk_faults
     from tunekit.multiworker import WorkerSession
 
     config = {**config, **config.get("case", {})}  # a grid search over cases: {"out": ..., "faults": ...}
@@ -125,7 +125,7 @@ def loop(config: dict[str, Any]) -> None:
                     _die_once(fault["marker"])
         for fault in now:  # (the write may run on after report returns: the marker makes it die once)
             if "phase" in fault:
-                tk_checkpoint._on_write_phase = lambda phase, f=fault: phase == f["phase"] and _die_once(f["marker"])
+                tk_faults.hook = lambda phase, f=fault: phase == f["phase"] and _die_once(f["marker"])
         restored = {"restored_from_iteration": _restored_iteration(session), "restored_from": session.restored_from or ""}
         session.report({"loss": float(loss.detach()), "iteration": session.iteration + 1,
                         "lr_in_effect": opt.param_groups[0]["lr"],

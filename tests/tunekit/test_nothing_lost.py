@@ -79,6 +79,7 @@ def _interrupted(final: Path) -> None:
 TRAINER = textwrap.dedent(
     """
     import json, os, sys, time
+    import tunekit._faults as faults
     import tunekit.checkpoint as checkpoint
     from tunekit import _ray
     from tunekit._saving import drain_writes
@@ -100,7 +101,7 @@ TRAINER = textwrap.dedent(
             if phase == "manifest":
                 open(go, "w").close()
                 time.sleep(3600)
-        checkpoint._on_write_phase = hold
+        faults.hook = hold
         trainable.train()
         print(json.dumps({"announced": trainable.save().checkpoint.path}), flush=True)
         time.sleep(3600)
@@ -184,7 +185,7 @@ def test_a_worker_handed_to_a_new_trial_does_not_wait_for_the_previous_trials_wr
     """Mechanism 2: ``reset`` (actor reuse) returns while the previous trial's write is still in flight;
     that write completes afterwards, and its failure is logged for that trial, never raised to the new one."""
     monkeypatch.chdir(os.getcwd())  # a Trainable moves into its trial's working directory: come back after
-    import tunekit.checkpoint as checkpoint
+    import tunekit._faults as faults
     from tunekit import _ray
     from tunekit._saving import drain_writes
     from tunekit.trainables import DigitsTrainable
@@ -201,7 +202,7 @@ def test_a_worker_handed_to_a_new_trial_does_not_wait_for_the_previous_trials_wr
 
     storage = _ray.offline_storage(str(tmp_path), "a")
     trainable = DigitsTrainable(config=config, storage=storage)
-    checkpoint._on_write_phase = hold
+    faults.hook = hold
     try:
         trainable.train()
         saved = trainable.save()  # announced; its write is held inside
@@ -226,7 +227,7 @@ def test_a_worker_handed_to_a_new_trial_does_not_wait_for_the_previous_trials_wr
         assert not verify_checkpoint(doomed.checkpoint.path).ok
         assert "the disk went away" in caplog.text
     finally:
-        checkpoint._on_write_phase = None
+        faults.hook = None
         release.set()
         trainable.stop()
 

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.support.faults import flip_byte
-from tests.support.killed import run_and_reap
+from tunekit.testing import run_and_reap
 from tests.tunekit.kill_driver import OPTUNA_STOP, OPTUNA_TRIALS, STOP, make_tuner
 from tunekit import read_state, resolve_storage
 from tunekit.checkpoint import verify_checkpoint

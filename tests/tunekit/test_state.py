@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.support.contract import tensors_equal
+from tunekit.testing import tensors_equal
 from tunekit import (
     CheckpointError,
     ConfigError,

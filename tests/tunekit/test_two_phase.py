@@ -38,6 +38,7 @@ WRITER = textwrap.dedent(
     """
     import os, sys, time
     import torch
+    import tunekit._faults as faults
     import tunekit.checkpoint as checkpoint
     from tunekit._saving import Durability, commit_checkpoint
     from tunekit._announced import announce
@@ -54,7 +55,7 @@ WRITER = textwrap.dedent(
     staging = stage_checkpoint(final)
     keep_newest_complete(final)
     announce(final)  # as save_in_place does before Tune registers it
-    checkpoint._on_write_phase = hold
+    faults.hook = hold
     state = {"w": torch.arange(1000, dtype=torch.float32)}
     commit_checkpoint(staging, final, lambda d: checkpoint.write_checkpoint(d, state, metadata={"iteration": 4},
                                                                             durable=False),
@@ -250,7 +251,7 @@ def test_background_writes_run_below_a_ray_workers_priority_and_at_it_when_waite
 def test_a_small_state_is_written_before_save_returns_a_large_one_on_the_helper_thread(tmp_path, monkeypatch):
     """Below ``background_saves_min_bytes`` of tensors a save writes in place on the training thread (no kept
     copy, no announced directory): whole when ``save`` returns. At 0 the same trainable saves two-phase."""
-    import tunekit.checkpoint as checkpoint
+    import tunekit._faults as faults
     from tunekit import _ray
     from tunekit.trainables import DigitsTrainable
 
@@ -258,7 +259,7 @@ def test_a_small_state_is_written_before_save_returns_a_large_one_on_the_helper_
         background_saves_min_bytes = 0
 
     threads: list[str] = []
-    monkeypatch.setattr(checkpoint, "_on_write_phase", lambda phase: threads.append(threading.current_thread().name))
+    monkeypatch.setattr(faults, "hook", lambda phase: threads.append(threading.current_thread().name))
     for cls, name in ((DigitsTrainable, "small"), (TwoPhase, "two-phase")):
         threads.clear()
         trainable = cls(config={"hidden_size": 8, "steps_per_iteration": 2},

@@ -1,6 +1,6 @@
-"""A failure injector for real Tune runs: SIGKILLs of trial workers inside checkpoint writes or at random,
-and one invariant check of what a run left. ``benchmarks/chaos.py`` runs the long matrix on it;
-``tests/trainables/test_chaos.py`` a suite-sized run.
+"""The failure injector (:class:`Injector`): SIGKILLs of trial workers inside checkpoint writes or at random,
+and one invariant check of what a run left (:func:`invariant_violations`). ``benchmarks/chaos.py`` runs the
+long matrix on it; ``tests/trainables/test_chaos.py`` a suite-sized run.
 
 The injector is a thread in the driver. It watches the experiment's trial directories: a two-phase save
 names its writer in its staging directory (``.checkpoint_N.partial-HOST-PID-X``), so a write in flight and
@@ -31,7 +31,7 @@ from typing import Any
 from tunekit._manifest import MANIFEST_FILE
 from tunekit._trial_dir import STAGING, leftovers
 
-__all__ = ["Injector", "Kill", "invariant_violations"]
+__all__ = ["Injector", "Kill", "invariant_violations", "tensors_equal"]
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,6 @@ def invariant_violations(experiment: str, grid: Any = None, *, reference: dict[s
         stop: The run's ``training_iteration`` stop: each trial's last row, Ray's iteration and its newest
             checkpoint's own state (``tunekit.json``) all end there, never past it.
     """
-    from tunekit import read_state, verify_checkpoint
     from tunekit.analysis import load_results
     from tunekit.cli import main
     from tunekit.snapshot import read_experiment
@@ -229,28 +228,10 @@ def invariant_violations(experiment: str, grid: Any = None, *, reference: dict[s
         if "://" in experiment:
             continue  # two-phase writes, and what they leave, are local only
         where = os.path.join(experiment, trial.name)
-        for name, kind in leftovers_of(where):
+        for name, kind in _leftovers_of(where):
             if kind in ("interrupted", "writing"):
                 out.append(f"{trial.name}/{name}: {kind} write left over")
-    if grid is not None:
-        for result in grid:
-            if result.error is not None:
-                out.append(f"{result.path}: error {str(result.error).splitlines()[0][:200]}")
-                continue
-            if result.checkpoint is None:
-                out.append(f"{result.path}: no checkpoint")
-                continue
-            report = verify_checkpoint(result.checkpoint)
-            if not report.ok:
-                out.append(f"newest checkpoint {report.describe()}")
-            elif reference is not None:
-                seed = result.config.get("seed")
-                if seed in reference:
-                    from tests.support.contract import tensors_equal
-
-                    got = read_state(result.checkpoint)
-                    if tensors_equal(reference[seed]["models"], got["models"]) != []:
-                        out.append(f"{result.path}: final weights differ from the uninterrupted run's")
+    out += _grid_violations(grid, reference)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         import warnings
 
@@ -279,6 +260,31 @@ def invariant_violations(experiment: str, grid: Any = None, *, reference: dict[s
     return out
 
 
+def _grid_violations(grid: Any, reference: dict[str, Any] | None) -> list[str]:
+    """Each result of ``grid`` without an error, with a checkpoint that verifies (and, with ``reference``, holds
+    the weights the uninterrupted run ended with)."""
+    from tunekit import read_state, verify_checkpoint
+
+    out = []
+    for result in grid or []:
+        if result.error is not None:
+            out.append(f"{result.path}: error {str(result.error).splitlines()[0][:200]}")
+            continue
+        if result.checkpoint is None:
+            out.append(f"{result.path}: no checkpoint")
+            continue
+        report = verify_checkpoint(result.checkpoint)
+        if not report.ok:
+            out.append(f"newest checkpoint {report.describe()}")
+        elif reference is not None:
+            seed = result.config.get("seed")
+            if seed in reference:
+                got = read_state(result.checkpoint)
+                if tensors_equal(reference[seed]["models"], got["models"]) != []:
+                    out.append(f"{result.path}: final weights differ from the uninterrupted run's")
+    return out
+
+
 def _stop_violations(snap: Any, df: Any, grid: Any, stop: int) -> list[str]:
     """Each trial ends at ``stop`` by every count: its last row (tunekit's rows), the read model's iteration, Ray's
     (the grid's) and its newest checkpoint's state."""
@@ -300,7 +306,26 @@ def _stop_violations(snap: Any, df: Any, grid: Any, stop: int) -> list[str]:
     return out
 
 
-def leftovers_of(trial_dir: str) -> list[tuple[str, str]]:
+def tensors_equal(a: Any, b: Any, where: str = "") -> list[str]:
+    """Paths at which two nested state structures (dicts, lists, tensors, plain values) differ; empty: bit-equal
+    (tensors of one dtype and equal values)."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        ok = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+        return [] if ok else [where]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return [f"{where}: keys {sorted(map(str, a))} != {sorted(map(str, b))}"]
+        return [p for k in a for p in tensors_equal(a[k], b[k], f"{where}/{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{where}: length {len(a)} != {len(b)}"]
+        return [p for i, (x, y) in enumerate(zip(a, b)) for p in tensors_equal(x, y, f"{where}[{i}]")]
+    return [] if a == b else [f"{where}: {a!r} != {b!r}"]
+
+
+def _leftovers_of(trial_dir: str) -> list[tuple[str, str]]:
     import pyarrow.fs as pafs
 
     return leftovers(pafs.LocalFileSystem(), trial_dir)

@@ -1,4 +1,5 @@
-"""Run a process that dies by SIGKILL, then end what it left running, as the machine's end would."""
+"""Run a process that dies by SIGKILL, then end what it left running, as the machine's end would
+(:func:`run_and_reap`). Tested through the driver-kill tests of ``tests/tunekit/test_resume.py``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import subprocess
 import uuid
 from typing import Any
 
+__all__ = ["run_and_reap"]
+
+#: The environment variable whose value marks every process a reaped run started.
 MARKER = "TUNEKIT_TEST_KILLED_RUN"
 
 
