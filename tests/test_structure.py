@@ -196,3 +196,11 @@ def test_every_module_has_its_tests():
         elif f"test_{stem}.py" not in test_files and not named:
             problems.append(f"{name}: no tests/**/test_{stem}.py and its docstring names no test file")
     assert not problems, "\n".join(problems)
+
+
+def test_every_package_is_installed():
+    """setup.cfg lists every package of the library: one it leaves out works in this editable checkout and is
+    missing from a wheel."""
+    listed = re.search(r"^packages =\n((?:    .+\n)+)", (ROOT / "setup.cfg").read_text(), flags=re.M).group(1).split()
+    found = {name for name, path in MODULES if path.name == "__init__.py"}
+    assert sorted(found) == sorted(listed)
