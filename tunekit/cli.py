@@ -193,7 +193,9 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     if not args.yes:
         print("dry run: nothing deleted; run again with --yes to delete exactly this")
         return 0
-    print(f"deleted {len(plan.deletions)} directories, {delete_planned(plan)} bytes")
+    freed = delete_planned(plan)
+    print(f"deleted {len(plan.deletions)} directories, {freed} bytes"
+          + (f"; aborted {len(plan.uploads)} interrupted multipart upload(s)" if plan.uploads else ""))
     return 0
 
 

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import pyarrow.fs as pafs
 
 from tunekit._trial_dir import leftovers as hidden_dirs
+from tunekit._uploads import CANNOT_LIST, abort_uploads, open_uploads
 from tunekit._manifest import read_metadata
 from tunekit._snapshot_model import INTERRUPTED, CheckpointSummary
 from tunekit.errors import CheckpointError, ConfigError, ExperimentError, first_line
@@ -71,6 +72,10 @@ class GcPlan:
     damaged: list[str] = field(default_factory=list)
     #: Trials left without any checkpoint although they had one that verifies (only with ``everything``).
     emptied: list[str] = field(default_factory=list)
+    #: Multipart uploads a kill left open on S3 (``leftovers``): (key in the experiment, upload id), aborted too.
+    uploads: list[tuple[str, str]] = field(default_factory=list)
+    #: Why the open uploads could not be listed (boto3 missing), else None.
+    uploads_note: str | None = None
 
     @property
     def bytes(self) -> int:
@@ -89,6 +94,11 @@ class GcPlan:
         out += [f"damaged, left in place and not counted: {line}" for line in self.damaged]
         if self.emptied:
             out.append(f"--all: every checkpoint of {len(self.emptied)} trial(s) goes: {', '.join(self.emptied)}")
+        if self.uploads:
+            keys = [key for key, _ in self.uploads]
+            out.append(f"{len(keys)} interrupted multipart upload(s) to abort: {', '.join(keys[:3])}"
+                       + (f" and {len(keys) - 3} more" if len(keys) > 3 else ""))
+        out += [self.uploads_note] if self.uploads_note else []
         out.append(f"{len(self.deletions)} directories, {format_bytes(self.bytes)}, to delete; "
                    f"{sum(len(k) for k in self.kept.values())} checkpoints ({format_bytes(self.kept_bytes)}) kept"
                    + (f", {len(self.damaged)} damaged left in place (`tunekit verify` says more)"
@@ -139,7 +149,7 @@ def plan_gc(
     keep = _kept(snapshot, policy, damaged) if policy.selects else None
     if keep is not None:
         keep |= _train_kept(experiment, snapshot, keep)
-    plan = GcPlan(experiment.uri)
+    plan = GcPlan(experiment.uri, **(_open_uploads(experiment) if leftovers else {}))
     fs = experiment.filesystem
     sizes = checkpoint_bytes(experiment)
     for trial in snapshot.trials:
@@ -176,6 +186,12 @@ def plan_gc(
                           f"that have one that verifies ({shown}); keep at least one of each (--trial-latest 1), "
                           "or add --all to delete every checkpoint of those trials")
     return plan
+
+
+def _open_uploads(experiment: Storage) -> dict[str, Any]:
+    """``GcPlan``'s ``uploads`` and ``uploads_note`` for ``experiment``."""
+    uploads = open_uploads(experiment)
+    return {"uploads": uploads or [], "uploads_note": CANNOT_LIST if uploads is None else None}
 
 
 def _damaged(snapshot: ExperimentSnapshot) -> dict[str, str]:
@@ -250,4 +266,5 @@ def delete_planned(plan: GcPlan) -> int:
             raise ExperimentError(f"{plan.location}: cannot delete {deletion.trial}/{deletion.name} "
                                   f"({exc.strerror or first_line(exc)}); {done} of {len(plan.deletions)} "
                                   "deleted before it, nothing else changed") from None
+    abort_uploads(experiment, plan.uploads)
     return plan.bytes

@@ -8,9 +8,8 @@ The trainable is found, in this order, from:
 3. the references in ``tuner.pkl`` whose name is the recorded
    ``trainable_name``, found by reading the pickle's opcodes (never loading it).
 
-A function found this way that is not a Tune trainable class is wrapped with
-:func:`tunekit.function_trainable` if it uses a :class:`~tunekit.FunctionSession`
-(tunekit records those), and handed to Tune as is otherwise.
+A function found this way that is not a Tune trainable class is wrapped with :func:`tunekit.function_trainable`
+if it uses a :class:`~tunekit.FunctionSession` (tunekit records those), and handed to Tune as is otherwise.
 
 When Ray's own files are torn (see :mod:`tunekit.record`): a damaged newest
 ``experiment_state-*.json`` is set aside for the newest whole one; a torn or
@@ -40,6 +39,7 @@ from tunekit.checkpoint import read_metadata, verify_checkpoint
 from tunekit.errors import ConfigError, ExperimentError
 from tunekit._connect import ray_for
 from tunekit._lease import experiment_lease
+from tunekit._uploads import abort_uploads, open_uploads
 from tunekit._find_trainable import alias_moved_packages, find_trainable, import_trainable
 from tunekit.record import read_record
 from tunekit._recovery import (
@@ -117,6 +117,8 @@ def resume_experiment(
     experiment = resolve_storage(location)
     read_experiment(experiment)  # (not an experiment: said before any lease is written there)
     with experiment_lease(experiment, "resume"):
+        if aborted := abort_uploads(experiment, open_uploads(experiment) or []):  # (nothing writes under the lease)
+            print(f"aborted {aborted} interrupted multipart upload(s) a kill left in {experiment.uri}", file=out)
         return _resume(experiment, trainable=trainable, resume_errored=resume_errored,
                        restart_errored=restart_errored, cpus=cpus, address=address, out=out)
 

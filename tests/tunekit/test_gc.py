@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import time
 
 import pyarrow.fs as pafs
@@ -219,3 +221,38 @@ def test_gc_of_multi_worker_trials_keeps_every_train_checkpoint_a_kept_pointer_n
                     "loop_a/train/checkpoint_2026-11-26_02", "loop_a/train/checkpoint_2026-11-26_03",
                     "loop_b/train/checkpoint_2026-11-26_05"} - gone
     assert verify_experiment(str(exp)).ok  # no pointer left pointing at nothing
+
+
+def test_gc_leftovers_aborts_the_multipart_uploads_a_kill_left_open_on_s3(quickstart_experiment, s3_bucket, capsys):
+    """A worker killed while uploading a large state leaves its multipart upload open, billed and invisible to
+    listings: `gc --leftovers` names it in its preview and aborts it with --yes; another experiment's stays."""
+    exp = resolve_storage(s3_bucket.uri("qs"))
+    pafs.copy_files(str(quickstart_experiment), exp.path, destination_filesystem=exp.filesystem)
+    client = s3_bucket.server.client()
+    trial = read_experiment(exp.uri).trials[0].name
+
+    def cut_short(key: str) -> str:  # an upload whose first part went up, then its writer died
+        upload = client.create_multipart_upload(Bucket=s3_bucket.name, Key=key)["UploadId"]
+        client.upload_part(Bucket=s3_bucket.name, Key=key, UploadId=upload, PartNumber=1, Body=b"\0" * (5 << 20))
+        return upload
+
+    ours = cut_short(f"qs/{trial}/checkpoint_000009/state.pt")
+    other = cut_short("qs-other/t/checkpoint_000001/state.pt")
+    assert main(["status", exp.uri]) == 0  # nothing lost: an open upload is no damage
+
+    assert main(["gc", exp.uri, "--leftovers"]) == 0
+    preview = capsys.readouterr().out
+    assert f"1 interrupted multipart upload(s) to abort: {trial}/checkpoint_000009/state.pt" in preview, preview
+    assert len(client.list_multipart_uploads(Bucket=s3_bucket.name)["Uploads"]) == 2  # a dry run aborts nothing
+    without = subprocess.run([sys.executable, "-c", "import sys; sys.modules['boto3'] = None; from tunekit.cli import "
+                              f"main; sys.exit(main(['gc', {exp.uri!r}, '--leftovers', '--yes']))"],
+                             capture_output=True, text=True, timeout=600)  # (a machine without boto3)
+    assert without.returncode == 0, without.stderr[-2000:]
+    assert "cannot be listed without boto3: pip install 'tunekit[s3]'" in without.stdout, without.stdout
+    assert len(client.list_multipart_uploads(Bucket=s3_bucket.name)["Uploads"]) == 2
+
+    assert main(["gc", exp.uri, "--leftovers", "--yes"]) == 0
+    assert "aborted 1 interrupted multipart upload(s)" in capsys.readouterr().out
+    left = [u["UploadId"] for u in client.list_multipart_uploads(Bucket=s3_bucket.name).get("Uploads", [])]
+    assert ours not in left and left == [other]
+    assert main(["verify", exp.uri]) == 0

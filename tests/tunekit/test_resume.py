@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -313,6 +314,11 @@ def test_resume_of_a_killed_quickstart_needs_no_trainable_and_keeps_damaged_chec
     # (both may hold one iteration, hard links of one save: damage the newest's own copy)
     flip_byte(exp.filesystem, exp.join(trial.name, newest.name).path, this_copy_only=True)
     drivers = _drivers(other) if other else []
+    if where == "s3":  # a worker killed inside an upload of its state leaves the multipart upload open
+        bucket = request.getfixturevalue("s3_bucket")
+        client, key = bucket.server.client(), f"qs/{trial.name}/checkpoint_000099/state.pt"
+        upload = client.create_multipart_upload(Bucket=bucket.name, Key=key)["UploadId"]
+        client.upload_part(Bucket=bucket.name, Key=key, UploadId=upload, PartNumber=1, Body=b"\0" * (5 << 20))
 
     done = subprocess.run([sys.executable, "-m", "tunekit.cli", "resume", exp.uri],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -339,6 +345,10 @@ def test_resume_of_a_killed_quickstart_needs_no_trainable_and_keeps_damaged_chec
     assert main(["status", exp.uri]) == 2
     if other is not None:
         assert _drivers(other) == drivers, "tunekit resume joined somebody else's Ray"
+    else:  # every upload left open under the experiment aborted (the killed driver's too), none left by resume
+        said = re.search(r"^aborted [1-9]\d* interrupted multipart upload\(s\) a kill left in ", out, flags=re.M)
+        assert said, out[:3000]
+        assert not client.list_multipart_uploads(Bucket=bucket.name, Prefix="qs/").get("Uploads"), out[:3000]
 
 
 def test_resume_of_a_finished_experiment_says_so_and_writes_nothing(quickstart_experiment, tmp_path, capsys):
