@@ -170,7 +170,7 @@ def _child(argv: list[str]) -> None:
     from tunekit.testing import Injector
 
     storage, name, die_after, seed, width, iterations, writes, kills, aim, sig = argv
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     imported.INJECTOR = Injector(storage, writes=float(writes), max_kills=int(kills), seed=int(seed),
                                  trainable="Wide", aim=None if aim == "anywhere" else aim)
     stopper = imported._DieAfter(int(die_after), int(sig))
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = args.scenarios.split(",")
     s3 = _s3_server() if {"s3", "node_loss_s3"} & set(chosen) else None  # before Ray: workers inherit credentials
     if set(chosen) - {"node_loss_s3"}:  # node_loss_s3 runs on a cluster of its own
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     print(f"chaos: {args.mb:.0f} MB of weights (width {width}), {args.iterations} iterations, a checkpoint each, "
           f"num_to_keep=1, max_failures=20; up to {args.kills} kills a run, {args.writes:.0%} of writes", flush=True)
     reference: dict[Any, Any] = {}

@@ -167,7 +167,7 @@ def main() -> None:
 
     import tunekit
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     config = {"epochs": args.epochs, "width": args.width, "samples": args.samples}
     cases = {"lightning": (lightning_anchor, lightning_tunekit), "transformers": (transformers_anchor,
                                                                                transformers_tunekit)}

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     print(f"interval: {args.work} iterations of {args.iter_s} s ({args.work * args.iter_s:.0f} s of work), "
           f"{args.mb:.0f} MB checkpoints; worker SIGKILLed at exponential intervals of mean M", flush=True)
     table = {}

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     from tunekit.analysis import load_results
 
     root = Path(args.keep or tempfile.mkdtemp(prefix="tunekit-bench-"))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         t0 = time.perf_counter()
         exp = generate(root, args.trials, args.iterations)

@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             parser.error(f"--cpu {args.cpu}: not a CPU this process may use ({exc.strerror})")
     cpus = len(os.sched_getaffinity(0))
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     walls: dict[str, float] = {}
     every: dict[str, list[float]] = {v: [] for v in variants}
     logs: dict[str, dict[str, list[float]]] = {}

@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     from tunekit._ray import quiet_tune_banner
 
     quiet_tune_banner()  # no experiment banner per sweep
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     walls: dict[tuple, float] = {}
     logs: dict[tuple, dict] = {}
     try:

@@ -176,13 +176,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("pbt_gpu.py: no CUDA GPU here; pass --device cpu to run the same path on the CPU")
             import ray
 
-            ray.init(num_gpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            ray.init(address="local", num_gpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
             result = ray.get(ray.remote(num_gpus=1)(cycle).remote(args.params, folder))
             ray.shutdown()
         else:
             import ray
 
-            ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
             result = cycle(args.params, folder)  # in this process
             ray.shutdown()
         # In this process (benchmarks/ is importable here), on the same disk as the checkpoint.

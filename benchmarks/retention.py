@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import ray
 
-    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False)
     storage = tempfile.mkdtemp(prefix="tunekit-bench-retention-")
     runs: dict[str, list[dict[str, float]]] = {"keep-all": [], "policy": []}
     try:

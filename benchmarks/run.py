@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     from tunekit._ray import quiet_tune_banner
 
     quiet_tune_banner()  # no experiment banner per sweep
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         if which & {"save", "restore", "integrity"}:
             for line in save_restore_integrity(args, root, which):
