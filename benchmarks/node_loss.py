@@ -202,7 +202,8 @@ def node_loss_run(run: int, args: Any, width: int, bucket_of: Any, client: Any) 
     name = f"node_loss_s3-{run}"
     storage = bucket_of(name.replace("_", "-"))
     bucket = storage.split("/")[2]
-    die_after = random.Random(run).randint(10, 4 * args.iterations - 8)
+    # (a PBT clone goes on from its donor's iteration: 4 trials can report far fewer than 4 x iterations results)
+    die_after = random.Random(run).randint(8, 2 * args.iterations)
     cluster = Cluster(base=21000 + 1500 * (run % 20)).start()
     env = {**os.environ, "PYTHONPATH": ROOT, "RAY_AUTH_MODE": "disabled"}
     try:
