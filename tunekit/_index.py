@@ -31,6 +31,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from tunekit._manifest import MANIFEST_FILE, METADATA_FILE
 from tunekit.experiment_dir import files_by_checkpoint
 from tunekit.storage import Storage, storage_errors
 
@@ -147,6 +148,13 @@ class RemoteIndex:
 _KEPT_MAX = 256 * 1024
 
 
+def _payload(rel: str) -> bool:
+    """Whether ``rel`` is a checkpoint's payload (any file in a checkpoint directory but tunekit's manifest and
+    metadata): never kept in the index, so ``verify --full`` hashes the bytes on storage, whatever their size."""
+    *parents, name = rel.split("/")
+    return any(p.lstrip(".").startswith("checkpoint_") for p in parents) and name not in (MANIFEST_FILE, METADATA_FILE)
+
+
 class _Listed(pafs.FileSystemHandler):
     """A read-only filesystem over a :class:`RemoteIndex`: infos and listings from its one listing, small JSON
     files from the index, everything else read from the storage."""
@@ -201,7 +209,7 @@ class _Listed(pafs.FileSystemHandler):
     def _whole(self, path: str) -> Any:
         rel = self._rel(path)
         stamp = self.index.stamps.get(rel) if rel else None
-        if stamp is None or (stamp[0] or 0) > _KEPT_MAX:
+        if stamp is None or (stamp[0] or 0) > _KEPT_MAX or _payload(rel):
             return None
 
         def read() -> dict[str, str]:

@@ -6,6 +6,7 @@ import re
 import shlex
 import subprocess
 import sys
+import urllib.parse
 
 import pytest
 import torch
@@ -102,6 +103,11 @@ def _verify_reads_the_listing(experiment, s3_bucket, capsys):
     assert len(seen) <= 6, "\n".join(seen)  # (the info of the experiment, its listing, the index read)
     assert main(["verify", experiment, "--full"]) == 0
     assert "size and hash" in capsys.readouterr().out
+    with s3_bucket.server.recording() as seen:  # again: the bytes on storage, never a copy the readers kept
+        assert main(["verify", experiment, "--full"]) == 0
+    got = {urllib.parse.unquote(line.split(" ", 1)[1].split("?")[0]) for line in seen if line.startswith("GET ")}
+    payloads = [k for k in s3_bucket.keys() if "/checkpoint_" in k and k.endswith("/state.pt")]
+    assert payloads and all(any(u.endswith(f"/{s3_bucket.name}/{k}") for u in got) for k in payloads), seen
     payload = sorted(k for k in s3_bucket.keys() if "/checkpoint_" in k and k.endswith("/state.pt"))[-1]
     where = resolve_storage(experiment)
     original = s3_bucket.read(payload)
