@@ -48,6 +48,7 @@ Usage::
     python benchmarks/many_trials.py --trials 2000 --fresh --repeats 3 --scheduler busy   # tunekit.schedulers
     python benchmarks/many_trials.py --trials 2000 --paired --repeats 3 --scheduler busy --variants class+callbacks
     python benchmarks/many_trials.py --trials 2000 --side-by-side --repeats 3 --scheduler busy --variants plain-again
+    python benchmarks/many_trials.py --trials 2000 --variants class+callbacks --storage s3   # readers' S3 requests
 """
 
 from __future__ import annotations
@@ -431,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the +callbacks variants' callbacks, some of {CALLBACKS} (default: all)")
     parser.add_argument("--print-peak-rss", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--keep", metavar="DIR", help="keep the experiments: make them in DIR, not a temporary one")
+    parser.add_argument("--storage", choices=("local", "s3"), default="local",
+                        help="s3: also run the readers on the last experiment uploaded to moto's S3 server, counting "
+                             "their requests (benchmarks/s3_readers.py)")
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     args.callbacks_chosen = [c for c in args.callbacks.split(",") if c]
@@ -528,6 +532,10 @@ def main(argv: list[str] | None = None) -> int:
                         ["report", experiment, "--metric", "loss", "--mode", "min",
                          "--output", os.path.join(root, "report")]):
             print(f"  tunekit {command[0]:8s} {_time_command(command)}")
+    if args.storage == "s3":
+        from s3_readers import measure
+
+        measure(os.path.join(root, f"{variants[-1].replace('+', '_')}-{args.repeats - 1}"))
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
     return 0
