@@ -107,17 +107,9 @@ def _session(sid: int) -> list[int]:
 
 def _kill_session(sid: int) -> None:
     """SIGKILL every process of session ``sid`` at once, as a lost machine loses them."""
-    while left := _session(sid):
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in left:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
+    from tunekit.testing import kill_until_gone
+
+    kill_until_gone(lambda: _session(sid))
 
 
 def _reads_a_state(sid: int) -> bool:

@@ -7,9 +7,9 @@ import os
 import signal
 import subprocess
 import uuid
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["run_and_reap"]
+__all__ = ["kill_until_gone", "run_and_reap"]
 
 #: The environment variable whose value marks every process a reaped run started.
 MARKER = "TUNEKIT_TEST_KILLED_RUN"
@@ -36,15 +36,21 @@ def run_and_reap(argv: list[str], env: dict[str, str], **kwargs: Any) -> subproc
     marker = uuid.uuid4().hex
     needle = f"{MARKER}={marker}".encode()
     done = subprocess.run(argv, env={**env, MARKER: marker}, **kwargs)
-    while left := _marked(needle):
+    kill_until_gone(lambda: _marked(needle))
+    return done
+
+
+def kill_until_gone(find: Callable[[], list[int]]) -> None:
+    """SIGKILL every process ``find()`` names, until it names none (a SIGKILLed process ends at once; its
+    children of ours are reaped)."""
+    while left := find():
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for pid in left:  # a SIGKILLed process ends at once; its /proc entry loses its environ when it does
+        for pid in left:
             try:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
-    return done
