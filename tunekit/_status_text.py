@@ -123,8 +123,38 @@ def print_snapshot(snapshot: Any, metric: str | None, mode: str | None, sizes: d
                 print(f"best checkpoint: {best.checkpoint.uri} ({'verified' if why == 'good' else 'unverified: ' + why})")
             else:
                 print("best checkpoint: none that verifies")
-    if snapshot.interrupted:
-        print(f"interrupted: the run stopped before {len(snapshot.interrupted)} trial(s) finished (Ctrl-C, SIGTERM or "
-              f"a killed driver); `tunekit resume {shlex.quote(snapshot.location)}` continues them")
+    _print_interrupted(snapshot)
     for problem in snapshot.problems:
         print(f"damaged: {problem}")
+
+
+def _print_interrupted(snapshot: Any) -> None:
+    """That the run stopped before its trials finished, and where ``tunekit resume`` continues each: at the
+    iteration after the state its newest checkpoint holds (tunekit's own ``iteration``, whatever Ray registered
+    the checkpoint under), the rows reported after that state run again."""
+    if not snapshot.interrupted:
+        return
+    print(f"interrupted: the run stopped before {len(snapshot.interrupted)} trial(s) finished (Ctrl-C, SIGTERM or "
+          f"a killed driver); `tunekit resume {shlex.quote(snapshot.location)}` continues them")
+    from tunekit._pins import is_pinned
+    from tunekit.record import read_record
+
+    record = read_record(snapshot.storage.filesystem, snapshot.storage.path)[0] or {} if snapshot.storage else {}
+    registered = {t.get("trial_id"): t.get("checkpoint") for t in record.get("trials") or [] if isinstance(t, dict)}
+    for trial in snapshot.trials:
+        if trial.status in ("TERMINATED", "ERROR"):
+            continue
+        pin = registered.get(trial.trial_id)
+        if isinstance(pin, str) and is_pinned(pin):
+            print(f"note: {trial.trial_id} continues from {pin}, the PBT donor's checkpoint it cloned (pinned), "
+                  "if it verifies")
+            continue
+        newest = max((c for c in trial.checkpoints if c.iteration is not None and not c.name.startswith(
+            f"{TRAIN_DIR}/")), key=lambda c: (c.iteration, c.name), default=None)
+        if newest is None:
+            print(f"note: {trial.trial_id} has no checkpoint: resume starts it again")
+            continue
+        again = f"; iterations {newest.iteration + 1}-{trial.iterations} run again" \
+            if trial.iterations > newest.iteration else ""
+        print(f"note: {trial.trial_id} continues at iteration {newest.iteration + 1} from {newest.name}, the state of "
+              f"iteration {newest.iteration} (resume verifies it first, and names any it passes over){again}")

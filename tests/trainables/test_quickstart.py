@@ -213,13 +213,24 @@ def test_ctrl_c_during_quickstart_is_shown_as_interrupted_and_resume_finishes_it
     assert record["ended"] and {t["status"] for t in record["trials"]} == {"INTERRUPTED"}
     capsys.readouterr()
     assert main(["status", str(experiment)]) == 0
-    assert "interrupted: the run stopped before 2 trial(s) finished" in capsys.readouterr().out
+    status = capsys.readouterr().out
+    assert "interrupted: the run stopped before 2 trial(s) finished" in status
+    # where resume continues each trial, said by status from the state its newest checkpoint holds
+    notes = {m[0]: m[1:] for m in re.findall(r"^note: (\S+) continues at iteration (\d+) from (checkpoint_\d+), "
+                                              r"the state of iteration (\d+)", status, flags=re.M)}
+    fresh = re.findall(r"^note: (\S+) has no checkpoint: resume starts it again$", status, flags=re.M)
+    pinned = re.findall(r"^note: (\S+) continues from \S+, the PBT donor's checkpoint it cloned", status, flags=re.M)
+    assert len(notes) + len(fresh) + len(pinned) == 2, status
+    assert all(int(at) == int(state) + 1 for at, _, state in notes.values()), status
     if sent == "SIGTERM":
         return
 
     resumed = subprocess.run([sys.executable, "-m", "tunekit.cli", "resume", str(experiment), "--cpus", "2"],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    for trial_id, (_, name, state) in notes.items():  # resume continues where status said it would
+        assert re.search(rf"^  {trial_id} \(\w+\): continues from {name} \(iteration {state}\)", resumed.stdout,
+                         flags=re.M), resumed.stdout[:3000]
     assert main(["status", str(experiment)]) == 0
     shown = capsys.readouterr().out
     assert "interrupted:" not in shown and "2 trials: 2 TERMINATED" in shown
