@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--from-run", type=int, default=0, help="the first run's number (its seed): go on after run N-1")
     parser.add_argument("--kills", type=int, default=6, help="kills a run at most")
     parser.add_argument("--writes", type=float, default=0.35, help="fraction of the writes seen whose writer is killed")
     parser.add_argument("--mb", type=float, default=55.0, help="MB of weights (checkpoints are twice that)")
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                                injector=_Nothing())
                 reference = {0: read_state(grid[0].checkpoint)}
         ok_runs, inside, phases, violations_all = 0, 0, {}, []
-        for run in range(args.runs):
+        for run in range(args.from_run, args.runs):
             with tempfile.TemporaryDirectory() as local:
                 storage = s3[0](f"{scenario}-{run}") if scenario == "s3" else local
                 start = time.monotonic()
@@ -366,11 +367,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{seconds:.0f} s: "
                   + ("all invariants hold" if not violations else "VIOLATED: " + " | ".join(violations)), flush=True)
         totals[scenario] = (ok_runs, inside, phases, violations_all)
-        print(f"{scenario}: {ok_runs}/{args.runs} runs nothing lost; {inside} kills inside writes "
+        print(f"{scenario}: {ok_runs}/{args.runs - args.from_run} runs nothing lost; {inside} kills inside writes "
               f"({', '.join(f'{p} {n}' for p, n in sorted(phases.items()))})", flush=True)
     print("\nscenario       runs ok   kills inside writes   violations")
     for scenario, (ok_runs, inside, _, violations) in totals.items():
-        print(f"{scenario:<14} {ok_runs}/{args.runs:<6}  {inside:>19}   {len(violations)}")
+        print(f"{scenario:<14} {ok_runs}/{args.runs - args.from_run:<6}  {inside:>19}   {len(violations)}")
     return 0 if all(not v for *_, v in totals.values()) else 1
 
 

@@ -61,6 +61,14 @@ class Cluster:
         return node
 
     def _node(self, how: list[str]) -> subprocess.Popen:
+        """A node started by ``ray start`` (tried twice: on a loaded machine a node's start can time out)."""
+        try:
+            return self._start_node(how)
+        except SystemExit as first:
+            print(f"  ({str(first).splitlines()[0]}; trying once more)", flush=True)
+            return self._start_node(how)
+
+    def _start_node(self, how: list[str]) -> subprocess.Popen:
         self.started += 1
         port = self.base + 100 * self.started
         ports = [f"--node-manager-port={port}", f"--object-manager-port={port + 1}",
@@ -75,6 +83,7 @@ class Cluster:
         deadline = time.monotonic() + 180
         while "block forever" not in open(log).read():
             if node.poll() is not None or time.monotonic() > deadline:
+                _kill_session(node.pid)
                 raise SystemExit(f"node_loss_s3: a Ray node did not start (exit {node.poll()}); its log:\n"
                                  + open(log).read()[-3000:])
             time.sleep(0.5)
