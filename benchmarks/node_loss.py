@@ -50,8 +50,12 @@ class Cluster:
     def start(self) -> Cluster:
         self.head = self._node(["--head", f"--port={self.base}", "--num-cpus=0", "--include-dashboard=false",
                                 "--disable-usage-stats"])
-        for _ in range(self.workers):
-            self.add_worker()
+        try:
+            for _ in range(self.workers):
+                self.add_worker()
+        except BaseException:
+            self.stop()  # (a node that did not start: none of this cluster outlives it)
+            raise
         return self
 
     def add_worker(self) -> subprocess.Popen:
