@@ -22,11 +22,11 @@ from tests.support.contract import (
     end_actor,
     make_actor,
     run_actor,
-    tensors_equal,
     worker_logs_mention,
 )
 import tunekit
 from tunekit import read_metadata, read_state, verify_checkpoint, warm_start
+from tunekit.testing import tensors_equal
 from tunekit.callbacks import CheckpointByStepsTaken, ParquetLogger
 from tunekit.snapshot import read_experiment
 from tunekit.trainables import DigitsTrainable, TrainDigits
