@@ -218,6 +218,8 @@ class ExperimentSnapshot:
     #: Trials the run left unfinished because it stopped (Ctrl-C, SIGTERM, a killed driver), from tunekit's
     #: record: empty while its driver runs, or when every trial finished.
     interrupted: list[str] = field(default_factory=list)
+    #: Trial id -> the checkpoint tunekit's record says the trial was registered at (a PBT pin, say).
+    registered: dict[str, str] = field(default_factory=dict)
     #: The storage it was read from (a :class:`~tunekit.storage.Storage`), else None (:attr:`location` resolves).
     storage: Any = field(default=None, repr=False, compare=False)
     #: Every checkpoint's files (:func:`tunekit.experiment_dir.checkpoint_files`) where one listing read them.

@@ -137,15 +137,12 @@ def _print_interrupted(snapshot: Any) -> None:
     print(f"interrupted: the run stopped before {len(snapshot.interrupted)} trial(s) finished (Ctrl-C, SIGTERM or "
           f"a killed driver); `tunekit resume {shlex.quote(snapshot.location)}` continues them")
     from tunekit._pins import is_pinned
-    from tunekit.record import read_record
 
-    record = read_record(snapshot.storage.filesystem, snapshot.storage.path)[0] or {} if snapshot.storage else {}
-    registered = {t.get("trial_id"): t.get("checkpoint") for t in record.get("trials") or [] if isinstance(t, dict)}
     for trial in snapshot.trials:
         if trial.status in ("TERMINATED", "ERROR"):
             continue
-        pin = registered.get(trial.trial_id)
-        if isinstance(pin, str) and is_pinned(pin):
+        pin = snapshot.registered.get(trial.trial_id)
+        if pin is not None and is_pinned(pin):
             print(f"note: {trial.trial_id} continues from {pin}, the PBT donor's checkpoint it cloned (pinned), "
                   "if it verifies")
             continue

@@ -24,9 +24,7 @@ CANNOT_LIST = ("interrupted multipart uploads (a kill during an upload leaves th
 
 
 def _client(storage: Storage) -> tuple[Any, str, str] | None:
-    """``(boto3 S3 client, bucket, key prefix)`` for an S3 ``storage``; None when it is not S3 or there is no boto3."""
-    if storage.filesystem.type_name.rpartition("+")[2] != "s3":
-        return None
+    """``(boto3 S3 client, bucket, key prefix)`` for an S3 ``storage``; None when there is no boto3."""
     try:
         import boto3
     except ImportError:

@@ -46,7 +46,7 @@ from tunekit._recovery import (
     callbacks_from, has_tuner_pickle, not_restored, parent_of, quiet, rebuild_tuner, run_beside, set_aside,
 )
 from tunekit.snapshot import (PBT_LOG, CheckpointSummary, ExperimentSnapshot, TrialSnapshot, format_counts,
-                              read_experiment)
+                              read_experiment, registered_checkpoints)
 from tunekit.experiment_dir import root_files
 from tunekit.storage import Storage, probe_storage, resolve_storage
 
@@ -245,10 +245,8 @@ def keep_pbt_log(experiment: Storage) -> None:
 
 def _registered_pin(experiment: Storage, trial: TrialSnapshot, record: dict[str, Any] | None) -> CheckpointSummary | None:
     """The PBT donor's pin Ray restores ``trial`` from (tunekit's record names it), if it is there and verifies."""
-    entry = next((t for t in (record or {}).get("trials") or [] if isinstance(t, dict)
-                  and t.get("trial_id") == trial.trial_id), {})
-    registered = entry.get("checkpoint")
-    if not isinstance(registered, str) or not is_pinned(registered):
+    registered = registered_checkpoints(record).get(trial.trial_id)
+    if registered is None or not is_pinned(registered):
         return None
     where = experiment.join(*registered.split("/"))
     if not verify_checkpoint(where).ok:

@@ -49,7 +49,7 @@ from tunekit._snapshot_model import (RAY_KEYS, BestCheckpoint, CheckpointSummary
 __all__ = [
     "BestCheckpoint", "CheckpointSummary", "ExperimentSnapshot", "Exploit", "PBT_LOG", "RAY_KEYS", "TrialSnapshot",
     "check_storage", "error_message", "format_counts", "ranked", "read_experiment", "read_exploits",
-    "read_state_problems", "registered_in_state", "trial_tags",
+    "read_state_problems", "registered_checkpoints", "registered_in_state", "trial_tags",
 ]
 
 _PICKLED = "CLOUDPICKLE_FALLBACK"
@@ -350,8 +350,15 @@ def _read_experiment(experiment: Storage, results: bool, keep_index: bool) -> Ex
         trials=trials,
         problems=problems,
         exploits=exploits,
-        damaged_state_files=damaged_states,
-        tuner_pickle_damage=pickle_damage,
+        damaged_state_files=damaged_states, tuner_pickle_damage=pickle_damage,
         interrupted=interrupted,
+        registered=registered_checkpoints(record),
         storage=experiment,
     )
+
+
+def registered_checkpoints(record: dict[str, Any] | None) -> dict[str, str]:
+    """Trial id -> the checkpoint tunekit's ``record`` says the trial was registered at (its path in the
+    experiment: a PBT clone's may be its donor's pin)."""
+    return {t.get("trial_id"): t["checkpoint"] for t in (record or {}).get("trials") or []
+            if isinstance(t, dict) and isinstance(t.get("checkpoint"), str)}
