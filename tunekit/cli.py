@@ -185,10 +185,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_gc(args: argparse.Namespace) -> int:
     from tunekit.gc import delete_planned, plan_gc
+    from tunekit.storage import storage_errors
 
-    plan = plan_gc(args.experiment, experiment_best=args.experiment_best, trial_best=args.trial_best,
-                   trial_latest=args.trial_latest, metric=args.metric, mode=args.mode, leftovers=args.leftovers,
-                   force=args.force, everything=args.all)
+    with storage_errors("read", args.experiment):  # (an unreachable storage: one line, not a traceback)
+        plan = plan_gc(args.experiment, experiment_best=args.experiment_best, trial_best=args.trial_best,
+                       trial_latest=args.trial_latest, metric=args.metric, mode=args.mode, leftovers=args.leftovers,
+                       force=args.force, everything=args.all)
     print("\n".join(plan.lines()))
     if not args.yes:
         print("dry run: nothing deleted; run again with --yes to delete exactly this")

@@ -256,3 +256,13 @@ def test_gc_leftovers_aborts_the_multipart_uploads_a_kill_left_open_on_s3(quicks
     left = [u["UploadId"] for u in client.list_multipart_uploads(Bucket=s3_bucket.name).get("Uploads", [])]
     assert ours not in left and left == [other]
     assert main(["verify", exp.uri]) == 0
+
+
+def test_gc_of_an_unreachable_storage_says_so_in_one_line(capsys):
+    with socket.socket() as sock:  # a port nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    uri = f"s3://nobucket/exp?endpoint_override=http://127.0.0.1:{port}&region=us-east-1"
+    assert main(["gc", uri, "--leftovers"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"tunekit gc: cannot read {uri}: ") and "\n" not in err, err
