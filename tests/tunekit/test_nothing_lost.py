@@ -452,6 +452,43 @@ def test_a_pbt_clones_pin_on_s3_stays_until_the_clone_has_a_newer_checkpoint(ray
         again.stop()
 
 
+def test_a_trials_first_save_on_s3_aborts_the_uploads_a_killed_worker_left_in_its_checkpoints(ray_session,
+                                                                                              s3_bucket):
+    """A worker killed inside an upload leaves that multipart upload open. The trial's next worker aborts those in
+    the trial's own checkpoint directories at its first save, and leaves a pin's and a multi-worker run's alone."""
+    from tunekit import _ray
+    from tunekit.trainables import DigitsTrainable
+
+    client = s3_bucket.server.client()
+
+    def open_upload(key: str) -> None:
+        upload = client.create_multipart_upload(Bucket=s3_bucket.name, Key=key)["UploadId"]
+        client.upload_part(Bucket=s3_bucket.name, Key=key, UploadId=upload, PartNumber=1, Body=b"\0" * 1024)
+
+    def still_open() -> set[str]:
+        return {u["Key"] for u in client.list_multipart_uploads(Bucket=s3_bucket.name).get("Uploads", [])}
+
+    killed = "runs/exp/t/checkpoint_000002/state.pt"
+    others = {"runs/exp/t/.checkpoint_000001.pin-0a1b2c3d4e5f/state.pt", "runs/exp/t/train/checkpoint_000000/x.pt",
+              "runs/exp/other/checkpoint_000002/state.pt"}
+    for key in [killed, *others]:
+        open_upload(key)
+    worker = DigitsTrainable(config={"hidden_size": 8, "steps_per_iteration": 2, "seed": 1},
+                             storage=_ray.storage_context(s3_bucket.uri("runs"), "exp", "t", validate=True))
+    try:
+        worker.train()
+        assert still_open() == {killed, *others}  # (training alone touches no upload)
+        saved = worker.save()
+        assert still_open() == others
+        open_upload(killed)  # only the first save looks: one listing a trial, not one a save
+        worker.train()
+        worker.save()
+        assert still_open() == {killed, *others}
+    finally:
+        worker.stop()
+    assert verify_checkpoint(saved.checkpoint).ok
+
+
 _GATES: dict[str, Any] = {}
 
 

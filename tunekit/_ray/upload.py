@@ -9,6 +9,7 @@ Tested in ``tests/tunekit/test_verify.py``, ``tests/tunekit/test_nothing_lost.py
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from ray.train._internal.checkpoint_manager import _TrainingResult as TrainingRe
 from tunekit import _ray  # (the package this module is part of: its names are looked up when called)
 
 __all__ = ["report_checkpoint_dir", "report_with_checkpoint", "session_storage"]
+
+logger = logging.getLogger(__name__)
 
 
 def report_checkpoint_dir(trainable: tune.Trainable, directory: str) -> TrainingResult:
@@ -34,6 +37,7 @@ def report_checkpoint_dir(trainable: tune.Trainable, directory: str) -> Training
     """
     storage = _ray.trainable_storage(trainable)
     _skip_used_indexes(storage)
+    _abort_killed_uploads(storage)
     if not _commits_last(storage, directory):
         return trainable._report_class_trainable_checkpoint(directory, directory)
     from ray.train._internal.storage import StorageContext
@@ -80,6 +84,7 @@ def report_with_checkpoint(metrics: dict[str, Any], directory: str) -> None:
     tunekit checkpoint's manifest last, as :func:`report_checkpoint_dir` uploads it."""
     storage = session_storage()
     _skip_used_indexes(storage)
+    _abort_killed_uploads(storage)
     checkpoint = tune.Checkpoint.from_directory(directory)
     if not _commits_last(storage, directory):
         tune.report(metrics, checkpoint=checkpoint)
@@ -100,6 +105,24 @@ def report_with_checkpoint(metrics: dict[str, Any], directory: str) -> None:
 def session_storage() -> Any:
     """Inside a Tune trial: its ``StorageContext`` (the one Ray persists reported checkpoints through)."""
     return tune.get_context().get_storage()
+
+
+def _abort_killed_uploads(storage: Any) -> None:
+    """At a trial's first save in this worker, abort the multipart uploads an earlier worker of the trial,
+    killed inside an upload, left open in its checkpoint directories (remote storage; once a trial)."""
+    if storage is None or getattr(storage, "_tunekit_uploads_checked", None) == storage.trial_fs_path:
+        return
+    storage._tunekit_uploads_checked = storage.trial_fs_path
+    from tunekit._uploads import abort_checkpoint_uploads
+
+    try:
+        aborted = abort_checkpoint_uploads(storage.storage_filesystem, storage.trial_fs_path)
+    except Exception as exc:  # (they stay for the next resume or gc --leftovers; the save goes on)
+        logger.warning("tunekit: could not list the interrupted uploads in %s: %s", storage.trial_fs_path, exc)
+        return
+    if aborted:
+        logger.info("tunekit: aborted %d interrupted multipart upload(s) an earlier worker left in %s",
+                    aborted, storage.trial_fs_path)
 
 
 def _skip_used_indexes(storage: Any) -> None:
