@@ -13,10 +13,10 @@ Tested in ``tests/tunekit/test_gc.py`` and ``tests/tunekit/test_resume.py``.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 from urllib.parse import parse_qs
 
+from tunekit._trial_dir import CHECKPOINT_DIR
 from tunekit.storage import Storage
 
 __all__ = ["CANNOT_LIST", "abort_checkpoint_uploads", "abort_uploads", "open_uploads"]
@@ -91,10 +91,6 @@ def abort_uploads(storage: Storage, uploads: list[tuple[str, str]]) -> int:
     return _abort(*found, uploads)
 
 
-#: A key in one of a trial's own checkpoint directories, relative to the trial's directory.
-_OWN_CHECKPOINT = re.compile(r"checkpoint_\d+/")
-
-
 def abort_checkpoint_uploads(filesystem: Any, trial_path: str) -> int:
     """Abort the multipart uploads open in trial ``trial_path``'s own checkpoint directories
     (``checkpoint_N/...``: not pins, not a multi-worker run's ``train/``) on pyarrow S3 ``filesystem``.
@@ -113,4 +109,5 @@ def abort_checkpoint_uploads(filesystem: Any, trial_path: str) -> int:
     if client is None:
         return 0
     bucket, prefix = _split(trial_path)
-    return _abort(client, bucket, prefix, [u for u in _list(client, bucket, prefix) if _OWN_CHECKPOINT.match(u[0])])
+    return _abort(client, bucket, prefix, [u for u in _list(client, bucket, prefix)
+                                           if CHECKPOINT_DIR.match(u[0].partition("/")[0]) and "/" in u[0]])

@@ -165,10 +165,19 @@ def lost_iterations(
     on from the donor's checkpoint (iteration ``s``, so its next row is
     ``s + 1``), and a warm start that continues a checkpoint (``continued``,
     as ``tunekit resume --extend`` does) starts after it. Each exploit of the
-    trial, ``(its iteration, the donor checkpoint's iteration)`` in ``clones``,
-    explains one forward jump around it; what no exploit explains is lost.
+    trial in ``clones``, ``(its iteration t, the donor checkpoint's iteration s)``,
+    explains the iterations ``t+1..s`` it jumped over, where its rows go on at
+    ``s + 1`` or later; its own rows up to ``t`` are still owed. An exploit whose
+    ``t`` is not known (``None``: one only the rows record, :func:`restore_clones`)
+    explains a whole gap that ends at ``s + 1``. What nothing explains is lost.
 
     >>> lost_iterations([1, 2, 3, 7, 8], clones=[(3, 6)])
+    []
+    >>> lost_iterations([1, 2, 7, 8], clones=[(3, 6)])
+    [3]
+    >>> lost_iterations([1, 2, 5], clones=[(4, 4)])  # (synchronous PBT: the donor at the trial's iteration)
+    [3, 4]
+    >>> lost_iterations([1, 2, 7, 8], clones=[(None, 6)])
     []
     >>> lost_iterations([1, 2, 3, 7, 8])
     [4, 5, 6]
@@ -176,38 +185,40 @@ def lost_iterations(
     []
     """
     ordered = sorted({int(i) for i in iterations if isinstance(i, (int, float)) and i == i})
-    pending = [(int(t), int(s)) for t, s in clones]
+    known = [(int(t), int(s)) for t, s in clones if t is not None]
+    unknown = [int(s) for t, s in clones if t is None]
     lost: list[int] = []
     previous = 0
     for k, it in enumerate(ordered):
-        if it > previous + 1:
-            explained = k == 0 and continued
-            for clone in pending if not explained else ():
-                target_at, source_at = clone
-                if previous <= source_at <= it - 1 or previous - 1 <= target_at <= it - 1:
-                    pending.remove(clone)
-                    explained = True
-                    break
-            if not explained:
-                lost.extend(range(previous + 1, it))
+        if it > previous + 1 and not (k == 0 and continued):
+            gap = set(range(previous + 1, it))
+            here = [(t, s) for t, s in known if previous <= t < it and s + 1 <= it]
+            for t, s in here:
+                known.remove((t, s))
+                gap -= set(range(t + 1, s + 1))
+            if not here and it - 1 in unknown:
+                unknown.remove(it - 1)
+                gap = set()
+            lost.extend(sorted(gap))
         previous = it
     return lost
 
 
-def restore_clones(rows: Any, own: str) -> list[tuple[int, int]]:
-    """The exploits a trial's rows record themselves: ``(iteration - 1, iteration - 1)`` for each row
+def restore_clones(rows: Any, own: str) -> list[tuple[None, int]]:
+    """The exploits a trial's rows record themselves: ``(None, iteration - 1)`` for each row
     ``(iteration, restored_from)`` whose checkpoint was another trial's (tunekit's trainables report
-    :data:`RESTORED_FROM_KEY`). They explain jumps as :func:`lost_iterations`' ``clones`` do, where Ray's
-    ``pbt_global.txt`` may lack the line of an exploit (a driver or worker killed around it).
+    :data:`RESTORED_FROM_KEY`); the trial's own iteration at the exploit is not in its rows (None). They
+    explain jumps as :func:`lost_iterations`' ``clones`` do, where Ray's ``pbt_global.txt`` may lack the line
+    of an exploit (a driver or worker killed around it).
 
     >>> restore_clones([(5, "t_b"), (3, "t_a"), (9, None)], own="t_a")
-    [(4, 4)]
+    [(None, 4)]
     """
     out = []
     for iteration, origin in rows:
         if isinstance(origin, str) and origin and origin != own and isinstance(iteration, (int, float)) \
                 and iteration == iteration:
-            out.append((int(iteration) - 1, int(iteration) - 1))
+            out.append((None, int(iteration) - 1))
     return out
 
 

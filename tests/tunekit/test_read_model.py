@@ -160,3 +160,23 @@ def test_gaps_a_pbt_exploit_explains_are_not_called_lost(tmp_path, capsys):
     assert read_experiment(str(exp)).trials[0].missing_iterations == [4, 5, 6]
     assert main(["status", str(exp)]) == 0
     assert "note: abcde_00001's result.json lacks iterations 4-6, which it ran" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("rows_record_the_restore", [False, True])
+def test_an_exploit_of_synchronous_pbt_does_not_explain_the_rows_ray_lost_before_it(tmp_path, rows_record_the_restore):
+    """Synchronous PBT clones a donor at the trial's own iteration: the trial jumps over nothing. Rows 3-4 missing
+    before an exploit at 4 (Ray's JSON logger restarted the paused trial from a stale copy) are lost rows, whether or
+    not the row after it records the restore; an exploit at 2 does not explain them either."""
+    exp = tmp_path / "exp"
+    for index, (trial, exploited_at) in enumerate([("a", 4), ("b", 2)]):
+        path = exp / f"T_{trial}0000_{index:05d}_{index}_lr=0.1"
+        path.mkdir(parents=True)
+        path.joinpath("result.json").write_text("".join(json.dumps(
+            {"trial_id": f"{trial}0000_{index:05d}", "training_iteration": i, "score": float(i), "config": {"lr": 0.1},
+             "tunekit/restored_from": "donor" if rows_record_the_restore and i == exploited_at + 1 else None}) + "\n"
+            for i in [1, 2, 5]))
+    (exp / "pbt_global.txt").write_text("".join(json.dumps([target, "2", at, at, {}, {"lr": 0.2}]) + "\n"
+                                                for target, at in [("0", 4), ("1", 2)]))
+    assert [t.missing_iterations for t in read_experiment(str(exp)).trials] == [[3, 4], [3, 4]]
+    with pytest.warns(UserWarning, match="lack result rows"):
+        assert load_results(str(exp)).attrs["missing_iterations"] == {"a0000_00000": [3, 4], "b0000_00001": [3, 4]}
