@@ -92,8 +92,8 @@ class RemoteIndex:
         if INDEX_NAME not in self.stamps:
             return {}
         try:  # (the listing shows it: read without asking again whether it is there)
-            with self.experiment.filesystem.open_input_stream(posixpath.join(self.experiment.path, INDEX_NAME)) as f:
-                index = json.loads(f.read())
+            with self.experiment.filesystem.open_input_file(posixpath.join(self.experiment.path, INDEX_NAME)) as f:
+                index = json.loads(f.read())  # (random access: one request, where a stream takes one per 256 KiB)
         except (OSError, ValueError):
             return {}
         if not isinstance(index, dict) or index.get("format") != _FORMAT or index.get("version") != _VERSION \
@@ -130,11 +130,17 @@ class RemoteIndex:
         return value
 
     def save(self) -> None:
-        """Write the index back when this read found anything it did not hold (best effort: a bucket that
-        cannot be written is read the slow way next time too)."""
-        if not self._listed or not self.read_slowly and len(self._fresh) == len(self._cached):
+        """Write the index back when this read found anything it did not hold or a file changed (best effort: a
+        bucket that cannot be written is read the slow way next time too). Entries this read did not use stay
+        while the listing shows their files unchanged: another reader's (``verify``'s bytes, ``status``'s parsed
+        values) serve that reader next time."""
+        if not self._listed:
             return
-        text = json.dumps({"format": _FORMAT, "version": _VERSION, "entries": self._fresh},
+        kept = {key: entry for key, entry in self._cached.items() if key not in self._fresh and isinstance(entry, dict)
+                and entry.get("stamp") == self.stamps.get(key.partition("\0")[0])}
+        if not self.read_slowly and len(kept) + len(self._fresh) == len(self._cached):
+            return
+        text = json.dumps({"format": _FORMAT, "version": _VERSION, "entries": {**kept, **self._fresh}},
                           separators=(",", ":"), default=str)
         try:
             with self.experiment.filesystem.open_output_stream(
@@ -227,11 +233,23 @@ class _Listed(pafs.FileSystemHandler):
             base64.b64decode(kept["base64"]) if isinstance(kept.get("base64"), str) else None
         return None if data is None else pa.BufferReader(data)
 
+    def _absent(self, path: str) -> None:
+        """Raise as the storage would for a path inside the experiment the listing shows as no file (no request)."""
+        rel = self._rel(path)
+        if rel is not None and rel not in self.index.stamps:
+            self.index._list()
+            if rel in self.index.tree:
+                raise IsADirectoryError(f"{path}: a directory")
+            if rel not in self.index.stamps:
+                raise FileNotFoundError(f"{path}: no such file")
+
     def open_input_stream(self, path: str) -> Any:
+        self._absent(path)
         kept = self._whole(path)
         return self.fs.open_input_stream(path) if kept is None else kept
 
     def open_input_file(self, path: str) -> Any:
+        self._absent(path)
         kept = self._whole(path)
         return self.fs.open_input_file(path) if kept is None else kept
 

@@ -62,10 +62,15 @@ def file_bytes(fs: pafs.FileSystem, path: str) -> bytes | None:
                 return file.read()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
-    if fs.get_file_info(path).type != pafs.FileType.File:
+    try:  # (a file opened for random access is read in one request; a stream, in one per 256 KiB on S3)
+        with fs.open_input_file(path) as file:
+            return file.read()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
-    with fs.open_input_stream(path) as stream:
-        return stream.read()
+    except OSError:  # (a filesystem that fails otherwise for a directory or nothing: no file there)
+        if fs.get_file_info(path).type != pafs.FileType.File:
+            return None
+        raise
 
 
 @contextlib.contextmanager

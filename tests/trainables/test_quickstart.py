@@ -140,6 +140,10 @@ def _status_reads_the_index(experiment, s3_bucket, capsys):
     trials = len(json.loads(first)["trials"])
     # (the reads without the index: about 20 a trial)
     assert len(seen) <= 25 + trials, "\n".join(seen)
+    with s3_bucket.server.recording() as seen:  # status kept what verify read into the index: still valid
+        assert main(["verify", experiment]) == 0
+    assert len(seen) <= 6, "\n".join(seen)
+    capsys.readouterr()
     index = next(k for k in s3_bucket.keys() if k.endswith("qs/.tunekit-index.json"))
     where = resolve_storage(experiment)
     with where.filesystem.open_output_stream(f"{s3_bucket.name}/{index}") as out:

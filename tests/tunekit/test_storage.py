@@ -105,3 +105,18 @@ def test_storage_is_a_plain_value():
     assert resolve_storage(storage) is storage
     kwargs = storage.run_config_kwargs()
     assert kwargs["storage_path"] == "/tmp/a" and isinstance(kwargs["storage_filesystem"], pafs.LocalFileSystem)
+
+
+def test_a_large_file_on_s3_is_read_in_one_request_and_a_missing_one_in_none(s3_bucket):
+    """Ray's experiment state of a large sweep is megabytes: read as a stream it costs a request per 256 KiB."""
+    from tunekit.results import file_bytes
+
+    where = resolve_storage(s3_bucket.uri("exp"))
+    data = bytes(range(256)) * 4096 * 3  # 3 MiB
+    with where.filesystem.open_output_stream(where.join("state.json").path) as out:
+        out.write(data)
+    with s3_bucket.server.recording() as seen:
+        assert file_bytes(where.filesystem, where.join("state.json").path) == data
+    assert [r.split()[0] for r in seen].count("GET") == 1, seen
+    assert file_bytes(where.filesystem, where.join("none.json").path) is None
+    assert file_bytes(where.filesystem, where.path) is None  # (a directory: no file there)
