@@ -36,7 +36,6 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
-import re
 import shutil
 import tempfile
 from typing import Any
@@ -48,8 +47,8 @@ from tunekit import _ray
 from tunekit._ray import TrainingResult
 from tunekit._announced import is_announced_only, registered_unwritten
 from tunekit._pins import adopt_pin, adopted_pin, cloned_from, is_pinned, remove_pin, unpinned
-from tunekit._trial_dir import (CHECKPOINT_DIR, KEPT_COPY, await_write, checkpoint_name_of, link_tree, staging_dirs,
-                                writer_alive)
+from tunekit._trial_dir import (CHECKPOINT_DIR, await_write, checkpoint_name_of, link_tree, restorable_checkpoints,
+                                staging_dirs, writer_alive)
 from tunekit._manifest import MISSING, NOT_WRITTEN
 from tunekit.checkpoint import (
     MANIFEST_FILE,
@@ -123,26 +122,16 @@ def _other_checkpoints(checkpoint: tune.Checkpoint, *, newer_too: bool) -> list[
     match = CHECKPOINT_DIR.match(name or "")
     if not match:
         return []
-    fs, trial_dir = checkpoint.filesystem, posixpath.dirname(checkpoint.path.rstrip("/"))
-    found = []
-    for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
-        # Kept copies (two-phase saves) count, after a real directory of the same index.
-        other = CHECKPOINT_DIR.match(info.base_name) or KEPT_COPY.match(info.base_name)
-        if info.type == pafs.FileType.Directory and other and other[1] != match[1] and (
-            newer_too or int(other[1]) < int(match[1])
-        ):
-            found.append((int(other[1]), not info.base_name.startswith("."), info.path))
-    ordered = [path for _, _, path in sorted(found, reverse=True)]
+    fs, trial_dir, own = checkpoint.filesystem, posixpath.dirname(checkpoint.path.rstrip("/")), int(match[1])
+    # (kept copies of two-phase saves count, after a real directory of the same index)
+    ordered = restorable_checkpoints(fs, trial_dir, lambda index: index != own and (newer_too or index < own))
     adopted = adopted_pin(trial_dir, fs)
     if adopted is not None and fs.get_file_info(adopted[0]).type == pafs.FileType.Directory:
         # A PBT clone: the donor's state it restored from comes before its own checkpoints from before the
         # exploit (falling back to those would undo the exploit); its own ones since come first.
         pin, after = adopted
-        index = {path: int(m[1]) for path in ordered
-                 if (m := re.search(r"checkpoint_(\d+)", posixpath.basename(path)))}
-        ordered = [p for p in ordered if index.get(p, 0) > after] + [pin] + \
-                  [p for p in ordered if index.get(p, 0) <= after]
-    return [tune.Checkpoint(path, filesystem=fs) for path in ordered]
+        ordered = [c for c in ordered if c[0] > after] + [(after, pin)] + [c for c in ordered if c[0] <= after]
+    return [tune.Checkpoint(path, filesystem=fs) for _, path in ordered]
 
 
 def local_request(checkpoint: Any) -> TrainingResult | None:
@@ -242,12 +231,8 @@ def _after_clone(checkpoint: tune.Checkpoint, trial_dir: str | None) -> list[tun
     record = cloned_from(trial_dir, fs)
     if record is None or posixpath.normpath(record[0]) != posixpath.normpath(checkpoint.path):
         return []
-    found = []
-    for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
-        match = CHECKPOINT_DIR.match(info.base_name) or KEPT_COPY.match(info.base_name)
-        if match and int(match[1]) > record[1] and info.type == pafs.FileType.Directory:
-            found.append((int(match[1]), not info.base_name.startswith("."), info.path))
-    return [tune.Checkpoint(path, filesystem=fs) for _, _, path in sorted(found, reverse=True)]
+    return [tune.Checkpoint(path, filesystem=fs) for _, path in restorable_checkpoints(fs, trial_dir,
+                                                                                        lambda i: i > record[1])]
 
 
 def _first_good(requested: TrainingResult, report: CheckpointReport, temps: list[str],

@@ -46,6 +46,7 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 
 import pyarrow.fs as pafs
 
@@ -68,6 +69,7 @@ __all__ = [
     "kept_name",
     "leftovers",
     "link_tree",
+    "restorable_checkpoints",
     "stage_checkpoint",
     "staging_dirs",
     "tidy",
@@ -104,6 +106,17 @@ def checkpoint_name_of(name: str) -> str | None:
     if m := PINNED_COPY.match(name):
         return m[1]
     return None
+
+
+def restorable_checkpoints(fs: pafs.FileSystem, trial_dir: str, wanted: Callable[[int], bool]) -> list[tuple[int, str]]:
+    """The checkpoint directories and kept copies in ``trial_dir`` whose index ``wanted`` accepts, in one
+    listing: ``(index, path)`` each, newest first, a real directory before the kept copy of its index."""
+    found = []
+    for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
+        match = CHECKPOINT_DIR.match(info.base_name) or KEPT_COPY.match(info.base_name)
+        if match and info.type == pafs.FileType.Directory and wanted(int(match[1])):
+            found.append((int(match[1]), not info.base_name.startswith("."), info.path))
+    return [(index, path) for index, _, path in sorted(found, reverse=True)]
 
 
 PARTIAL = ".partial-"
