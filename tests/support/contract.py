@@ -116,7 +116,7 @@ def die_once(config: dict[str, Any], upcoming: int) -> None:
     of a two-phase save: it holds the write at that phase until the trial's next training step
     has started (Tune has registered the checkpoint being written, and ``num_to_keep`` deleted
     the one before), then SIGKILLs itself, so the death meets Ray's train task in flight as
-    above. A write after which no step comes within a second (a pause, a stop) is let through.
+    above. A write after which no step comes within :data:`_NEXT_STEP_S` (a pause, a stop) is let through.
     ``config["die_after_step"] = False``: die at that phase at once (a write that is not in the
     background, as on S3, where the save itself is Ray's task in flight).
     """
@@ -146,7 +146,9 @@ def die_once(config: dict[str, Any], upcoming: int) -> None:
                 # first write of the next trial it ran, which no test here means to do).
                 return
             _saves[1] = _saves[0]
-            if (not wait_for_step or _stepping.wait(timeout=1.0)) and _first_death(marker):
+            if os.path.exists(marker):  # (died once already: no write waits for a step any more)
+                return
+            if (not wait_for_step or _stepping.wait(timeout=_NEXT_STEP_S)) and _first_death(marker):
                 os.kill(os.getpid(), signal.SIGKILL)
 
         faults.hook = hook
@@ -155,6 +157,9 @@ def die_once(config: dict[str, Any], upcoming: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+#: Seconds a held write waits for the trial's next step before it is let through (a write before a pause or
+#: the trial's end): long enough for a loaded machine, where a CI run's next step came after the 1 s once used.
+_NEXT_STEP_S = 20.0
 #: Set when a training step starts, cleared when a save starts (see :func:`die_once`).
 _stepping = threading.Event()
 #: [saves started, the save whose write the hook has seen]: one wait per write.
