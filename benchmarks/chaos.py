@@ -103,7 +103,7 @@ def _run(scenario: str, storage: str, name: str, *, width: int, iterations: int,
     from ray.tune.schedulers import PopulationBasedTraining
 
     from tunekit.callbacks import KeepCheckpoints, ParquetLogger
-    from tunekit.pbt import pbt_setup
+    from tunekit.schedule.pbt import pbt_setup
 
     trials = 1 if scenario == "one" else 4
     trainable = WideFunction if scenario == "pbt_function" else Wide
@@ -202,8 +202,8 @@ def _driver_run(local: str, name: str, run: int, args: Any, width: int,
     from benchmarks.chaos import Wide as Imported
     from tunekit.testing import Injector, Kill
     from tunekit.testing import run_and_reap
-    from tunekit.resume import resume_experiment
-    from tunekit.snapshot import format_counts
+    from tunekit.commands.resume import resume_experiment
+    from tunekit.experiment.snapshot import format_counts
 
     die_after = random.Random(run).randint(6, 4 * args.iterations - 8)
     env = {**os.environ, "PYTHONPATH": ROOT, "RAY_AUTH_MODE": "disabled"}

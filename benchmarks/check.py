@@ -23,7 +23,7 @@ import time
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from tunekit import _ray  # noqa: E402
-from tunekit.check import check_resume  # noqa: E402
+from tunekit.commands.check import check_resume  # noqa: E402
 from tunekit.trainables import DigitsTrainable  # noqa: E402
 
 

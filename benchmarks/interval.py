@@ -9,7 +9,7 @@ worker at random, at exponential intervals of mean M, for real, on a shortened t
 learns M from the kills; checkpoints within 5% of training time) and ``daly``: the autopilot with
 ``max_overhead=None`` (no checkpoint until the first failure is seen, then Daly's interval alone). Three regimes of M (``--regimes``, seconds). For each run: the wall time to finish, the work lost
 (iterations run again after a kill), the kills, and Daly's expected runtime for that interval
-(:func:`tunekit.interval.expected_runtime`, with C measured in the run, the restart cost R and Tune's
+(:func:`tunekit.schedule.interval.expected_runtime`, with C measured in the run, the restart cost R and Tune's
 fixed start-and-end cost given: ``--restart-s``, ``--fixed-s``).
 
     python benchmarks/interval.py --regimes 4,15,60 --work 150 --iter-s 0.2 --mb 16 --policies 1,10,50,autopilot --seed S
@@ -36,7 +36,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from tunekit import TorchTrainable, TrainingState  # noqa: E402
-from tunekit.interval import SAVE_BLOCKED_KEY, expected_runtime  # noqa: E402
+from tunekit._keys import SAVE_BLOCKED_KEY
+from tunekit.schedule.interval import expected_runtime  # noqa: E402
 
 
 class Steady(TorchTrainable):

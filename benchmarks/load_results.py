@@ -1,4 +1,4 @@
-"""Benchmark: tunekit.analysis.load_results against Ray's own loaders.
+"""Benchmark: tunekit.analysis._load.load_results against Ray's own loaders.
 
 Generates an experiment of TRIALS x ITERATIONS in Ray Tune's layout (a real
 Tune run of two trials is the template; its trial state is replicated with
@@ -113,7 +113,7 @@ def _compact(exp: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tunekit._result_frames import by_trial
+    from tunekit.analysis._result_frames import by_trial
     from tunekit.table import RESULTS_DIR
 
     parts = sorted((exp / RESULTS_DIR).glob("part-bench-0*.parquet"))

@@ -45,7 +45,7 @@ Usage::
     python benchmarks/many_trials.py --trials 100 --repeats 3
     python benchmarks/many_trials.py --driver-memory 100,2000 --variants plain,class+callbacks --repeats 3
     python benchmarks/many_trials.py --trials 2000 --fresh --repeats 3   # a driver process per sweep
-    python benchmarks/many_trials.py --trials 2000 --fresh --repeats 3 --scheduler busy   # tunekit.schedulers
+    python benchmarks/many_trials.py --trials 2000 --fresh --repeats 3 --scheduler busy   # tunekit.schedule.schedulers
     python benchmarks/many_trials.py --trials 2000 --paired --repeats 3 --scheduler busy --variants class+callbacks
     python benchmarks/many_trials.py --trials 2000 --side-by-side --repeats 3 --scheduler busy --variants plain-again
     python benchmarks/many_trials.py --trials 2000 --variants class+callbacks --storage s3   # readers' S3 requests
@@ -208,7 +208,7 @@ def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: in
 
         os.environ[loggers_env] = "1"
         callbacks.append(JsonLoggerCallback())
-    from tunekit.schedulers import ASHAKeepWorkersBusy, FIFOKeepWorkersBusy
+    from tunekit.schedule.schedulers import ASHAKeepWorkersBusy, FIFOKeepWorkersBusy
 
     asha = dict(metric="loss", mode="min", max_t=iterations, grace_period=1, reduction_factor=2)
     chosen = {"fifo": None, "busy": FIFOKeepWorkersBusy(), "asha": ASHAScheduler(**asha),
@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="run each sweep N times, interleaved; each shown")
     parser.add_argument("--scheduler", choices=("fifo", "busy", "asha", "asha-busy"), default="fifo",
                         help="fifo: Ray's default; asha: ASHA early stopping (grace 1, reduction 2) over the "
-                             "trials; busy, asha-busy: the same as tunekit.schedulers' FIFOKeepWorkersBusy and "
+                             "trials; busy, asha-busy: the same as tunekit.schedule.schedulers' FIFOKeepWorkersBusy and "
                              "ASHAKeepWorkersBusy (every variant, plain too)")
     mode = parser.add_mutually_exclusive_group()  # (one way of running the sweeps at a time)
     mode.add_argument("--driver-memory", metavar="N,M",

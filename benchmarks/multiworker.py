@@ -72,7 +72,7 @@ def _worker(rank: int, world: int, args: argparse.Namespace, root: str, port: in
 
     from tunekit import TrainingState
     from tunekit.multiworker._parts import shard_stager, stage_parts, write_parts
-    from tunekit.state import StateBuffers
+    from tunekit.trial.state import StateBuffers
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -112,7 +112,7 @@ def _sweep(storage: str, name: str, *, trainable: str, scheduler: str, trials: i
     from ray import tune
     from ray.tune.schedulers import PopulationBasedTraining
 
-    from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
+    from tunekit.schedule.pbt import pbt_setup, quiet_pbt_keep_warning
 
     quiet_pbt_keep_warning()
     cls = _trainable(trainable)

@@ -33,8 +33,8 @@ import torch
 from torch import nn
 
 from tunekit import TorchTrainable, TrainingState, read_state
-from tunekit._trial_dir import await_write
-from tunekit.device import release_memory
+from tunekit.checkpoint._trial_dir import await_write
+from tunekit.trial.device import release_memory
 
 WIDTH = 4096
 

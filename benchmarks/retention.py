@@ -38,7 +38,7 @@ from ray import tune  # noqa: E402
 
 from tunekit import TorchTrainable, TrainingState  # noqa: E402
 from tunekit.callbacks import KeepCheckpoints  # noqa: E402
-from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning  # noqa: E402
+from tunekit.schedule.pbt import pbt_setup, quiet_pbt_keep_warning  # noqa: E402
 
 TRIALS, ITERATIONS, EVERY = 8, 16, 2
 

@@ -198,7 +198,7 @@ def _fsynced_torch_save(sd: Any, path: str) -> None:
 
 
 def _save_restore_integrity(args: argparse.Namespace, root: str, which: set[str], gib: float) -> list[str]:
-    from tunekit._checkpointer import TrialContent
+    from tunekit.trial._checkpointer import TrialContent
     from tunekit.checkpoint import verify_checkpoint
 
     trainable = _trainable(root, gib)
@@ -447,7 +447,7 @@ def snapshot(args: argparse.Namespace, root: str) -> list[str]:
         TuneController.checkpoint = original
     if grid.errors:
         raise RuntimeError(f"snapshot experiment: {grid.errors[0]}")
-    from tunekit.snapshot import read_experiment
+    from tunekit.experiment.snapshot import read_experiment
 
     t1 = time.perf_counter()
     read_experiment(os.path.join(root, "snapshot"))

@@ -97,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.two_phase and not args.storage:
         parser.error("--two-phase: only with --storage (without it each save is written into a given directory)")
     if args.no_fsync:
-        import tunekit._durability
+        import tunekit.checkpoint._durability
 
         os.fsync = lambda fd: None  # type: ignore[assignment]
-        tunekit._durability._SYNCFS = lambda fd: 0  # (the small checkpoints' one syncfs a second)
+        tunekit.checkpoint._durability._SYNCFS = lambda fd: 0  # (the small checkpoints' one syncfs a second)
     if args.two_phase:
         many_trials.TunekitShort.background_saves_min_bytes = 0
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
-"""Tune callbacks: checkpoint policies and loggers.
-
-Tested in ``tests/callbacks/test_policies.py``.
+"""Tune callbacks: checkpoint policies (by steps, time, improvement, preemption, the autopilot), retention,
+tunekit's run record and the loggers (Parquet, progress). They sit above tunekit's core and use it; the core
+never imports them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
 """Checkpoint each trial at the interval chosen from its measured save cost and the failures seen.
-
-Tested in ``tests/callbacks/test_autopilot.py``; the model in ``tests/tunekit/test_interval.py``.
 """
 
 from __future__ import annotations
@@ -17,8 +15,8 @@ from typing_extensions import override
 from tunekit._checks import is_number, positive_number
 from tunekit.callbacks.record import TunekitCallback
 from tunekit.errors import ConfigError
-from tunekit.interval import (INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY, MtbfEstimate, choose_interval,
-                              parse_duration)
+from tunekit._keys import INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
+from tunekit.schedule.interval import MtbfEstimate, choose_interval, parse_duration
 
 __all__ = ["CheckpointAutopilot"]
 
@@ -43,11 +41,11 @@ class _TrialClock:
 class CheckpointAutopilot(TunekitCallback):
     """Checkpoint each trial every ``T`` seconds of training, ``T`` chosen and re-chosen as it runs.
 
-    ``T`` is Daly's optimum (:func:`tunekit.interval.daly_interval`) for the trial's measured save cost
+    ``T`` is Daly's optimum (:func:`tunekit.schedule.interval.daly_interval`) for the trial's measured save cost
     ``C`` (what ``save()`` blocks training for: tunekit's trainables report it as
     ``tunekit/save_blocked_s``) and the mean time between failures ``M`` estimated from the failures
     seen in this experiment (every trial's retries and errors over all trials' training time, a
-    Gamma-Poisson update from the prior ``mtbf``: :class:`tunekit.interval.MtbfEstimate`). ``T`` is
+    Gamma-Poisson update from the prior ``mtbf``: :class:`tunekit.schedule.interval.MtbfEstimate`). ``T`` is
     never shorter than what keeps checkpoints within ``max_overhead`` of training time (``C /
     max_overhead``), nor than the trial's checkpoint write (``tunekit/save_write_s``: a checkpoint is
     never asked for while one is being written), and stays in ``[min_interval_s, max_interval_s]``.

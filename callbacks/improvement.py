@@ -1,6 +1,4 @@
 """Checkpoint when a trial's best value of a metric improves.
-
-Tested in ``tests/callbacks/test_policies.py``.
 """
 
 from __future__ import annotations

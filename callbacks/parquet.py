@@ -1,6 +1,4 @@
 """Log every trial result to a Parquet dataset inside the experiment directory.
-
-Tested in ``tests/tunekit/test_analysis.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from typing_extensions import override
 
 from tunekit._checks import integer_at_least, positive_number
 from tunekit.errors import first_line
-from tunekit._result_frames import by_trial, is_journal, journal_table
+from tunekit.analysis._result_frames import by_trial, is_journal, journal_table
 from tunekit._ray import trial_filesystem
 from tunekit.table import JOURNAL, RESULTS_DIR, flatten_result, rows_to_table
 from tunekit.callbacks.record import TunekitCallback

@@ -10,7 +10,8 @@ from ray.tune.experiment import Trial
 from typing_extensions import override
 
 from tunekit._checks import is_number, number_at_least
-from tunekit.interval import INTERVAL_KEY, describe_intervals
+from tunekit._keys import INTERVAL_KEY
+from tunekit.schedule.interval import describe_intervals
 from tunekit.errors import ConfigError
 from tunekit.callbacks.record import TunekitCallback
 
@@ -90,7 +91,7 @@ class ProgressPrinter(TunekitCallback):
 
 def error_line(trial: Trial) -> str:
     """A failed trial's error as one line: the exception's own line from its ``error.txt``."""
-    from tunekit.snapshot import error_message
+    from tunekit.experiment.snapshot import error_message
 
     text = None
     path = getattr(trial, "error_file", None)

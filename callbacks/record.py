@@ -1,6 +1,4 @@
 """Keep tunekit's JSON record of the experiment (``tunekit-experiment.json``) up to date.
-
-Tested in ``tests/tunekit/test_resume_torn.py`` and ``tests/tunekit/test_resume.py``.
 """
 
 from __future__ import annotations
@@ -14,13 +12,15 @@ from ray import tune
 from ray.tune.experiment import Trial
 from typing_extensions import override
 
-from tunekit import _env, _ray, record
+from tunekit import _env, _ray
+
+from tunekit.experiment import record
 
 __all__ = ["ExperimentRecord", "TunekitCallback", "check_restored_index", "repair_final_checkpoints"]
 
 
 class TunekitCallback(tune.Callback):
-    """Base of tunekit's callbacks: each keeps the run's record (one of them writes it, see :mod:`tunekit.record`).
+    """Base of tunekit's callbacks: each keeps the run's record (one of them writes it, see :mod:`tunekit.experiment.record`).
 
     A subclass that overrides ``setup``, ``on_step_end`` or ``on_experiment_end`` calls ``super()``.
     """
@@ -94,10 +94,10 @@ def check_restored_index(trial: Trial) -> None:
 def repair_final_checkpoints(trials: list[Trial]) -> None:
     """A trial whose worker died in its last checkpoint's write after Tune had ended it (nothing retries it):
     Ray's ``Result.checkpoint`` names that checkpoint, announced and never written. It names the trial's
-    newest complete checkpoint instead (:func:`tunekit._announced.newest_complete_instead`). Local storage."""
+    newest complete checkpoint instead (:func:`tunekit.checkpoint._announced.newest_complete_instead`). Local storage."""
     from tunekit.checkpoint import read_metadata
-    from tunekit._announced import is_announced_only, newest_complete_instead
-    from tunekit._trial_dir import await_write
+    from tunekit.checkpoint._announced import is_announced_only, newest_complete_instead
+    from tunekit.checkpoint._trial_dir import await_write
 
     for trial in trials:
         checkpoint = trial.checkpoint

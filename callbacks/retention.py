@@ -1,6 +1,4 @@
 """Keep the checkpoints a retention policy selects, and what a resume or a scheduler still needs; delete the rest.
-
-Tested in ``tests/callbacks/test_retention.py``.
 """
 
 from __future__ import annotations
@@ -18,13 +16,13 @@ from ray.tune.experiment import Trial
 from typing_extensions import override
 
 from tunekit import _ray
-from tunekit._manifest import MANIFEST_FILE, METADATA_FILE
-from tunekit._snapshot_model import CheckpointSummary, ranked
-from tunekit._trial_dir import CHECKPOINT_DIR
+from tunekit.checkpoint._manifest import MANIFEST_FILE, METADATA_FILE
+from tunekit.experiment._snapshot_model import CheckpointSummary, ranked
+from tunekit.checkpoint._trial_dir import CHECKPOINT_DIR
 from tunekit.callbacks.record import TunekitCallback, repair_final_checkpoints
 from tunekit.errors import ConfigError
-from tunekit.experiment_dir import TRAIN_DIR
-from tunekit.retention import Policy, newest_first, selected
+from tunekit.checkpoint._layout import TRAIN_DIR
+from tunekit.experiment.retention import Policy, newest_first, selected
 from tunekit.storage import directory_bytes
 from tunekit.table import format_bytes
 

@@ -1,6 +1,4 @@
 """Checkpoint every N iterations of each trial.
-
-Tested in ``tests/callbacks/test_policies.py``.
 """
 
 from __future__ import annotations

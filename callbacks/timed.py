@@ -1,6 +1,4 @@
 """Checkpoint each trial at most once per interval of wall time.
-
-Tested in ``tests/callbacks/test_policies.py``.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def test_no_colour_reset_after_the_last_line_on_a_terminal():
     import os
     import pty
 
-    code = ("from tunekit._connect import ray_for\n"
+    code = ("from tunekit.commands._connect import ray_for\n"
             "with ray_for('check', cpus=1):\n    pass\n"
             "print('last line', flush=True)\n")
     leader, follower = pty.openpty()

@@ -153,17 +153,17 @@ def test_no_import_cycles():
 #: Functions (docstring included) longer than the 60-line cap that holds everywhere else in the library: each
 #: to be split, never one added. (module, function) -> its lines when this list was made.
 LONG_FUNCTIONS = {
-    ("tunekit/_status_text.py", "print_snapshot"): 88,
-    ("tunekit/analysis.py", "load_results"): 76,
+    ("tunekit/analysis/_status_text.py", "print_snapshot"): 88,
+    ("tunekit/analysis/_load.py", "load_results"): 76,
     ("tunekit/cli.py", "_build_parser"): 101,
-    ("tunekit/gc.py", "plan_gc"): 80,
+    ("tunekit/experiment/gc.py", "plan_gc"): 80,
     ("tunekit/multiworker/trial.py", "train_trial"): 94,
-    ("tunekit/pbt.py", "pbt_setup"): 84,
-    ("tunekit/report.py", "_write"): 81,
-    ("tunekit/resume.py", "extend_experiment"): 71,
-    ("tunekit/resume.py", "_resume_from_record"): 68,
-    ("tunekit/snapshot.py", "_read_experiment"): 111,
-    ("tunekit/verify.py", "verify_experiment"): 81,
+    ("tunekit/schedule/pbt.py", "pbt_setup"): 84,
+    ("tunekit/analysis/report.py", "_write"): 81,
+    ("tunekit/commands/extend.py", "extend_experiment"): 71,
+    ("tunekit/commands/resume.py", "_resume_from_record"): 68,
+    ("tunekit/experiment/snapshot.py", "_read_experiment"): 111,
+    ("tunekit/experiment/verify.py", "verify_experiment"): 81,
 }
 
 
@@ -183,19 +183,152 @@ def test_modules_and_functions_stay_small():
     assert not problems, "\n".join(problems)
 
 
+#: Modules no test module imports, each with the test files that exercise it (through the CLI, a Tune run, the
+#: docs' snippets or another module). Every other module is imported by a test module of its own.
+TESTED_BY = {
+    "tunekit._checks": ["tests/tunekit/test_analysis.py", "tests/callbacks/test_policies.py"],
+    "tunekit._lazy": ["tests/test_structure.py"],
+    "tunekit._ray.output": ["tests/test_cli.py", "tests/tunekit/test_ray_contract.py"],
+    "tunekit._ray.pbt": ["tests/tunekit/test_ray_contract.py", "tests/trainables/test_pbt_exploit.py"],
+    "tunekit.analysis._lineage": ["tests/tunekit/test_analysis.py", "tests/trainables/test_pbt_recipe.py"],
+    "tunekit.analysis._status_text": ["tests/tunekit/test_snapshot.py", "tests/tunekit/test_readers_truth.py"],
+    "tunekit.check": ["tests/test_readme.py"],
+    "tunekit.checkpoint._interrupted": ["tests/tunekit/test_verify.py", "tests/tunekit/test_multiworker.py"],
+    "tunekit.checkpoint._priority": ["tests/tunekit/test_two_phase.py"],
+    "tunekit.checkpoint._ranks": ["tests/tunekit/test_multiworker.py"],
+    "tunekit.checkpoint._uploads": ["tests/tunekit/test_gc.py", "tests/tunekit/test_resume.py"],
+    "tunekit.commands": ["tests/tunekit/test_resume.py", "tests/tunekit/test_check.py"],
+    "tunekit.commands._check_run": ["tests/tunekit/test_check.py"],
+    "tunekit.commands._connect": ["tests/test_cli.py", "tests/tunekit/test_cluster.py"],
+    "tunekit.commands.extend": ["tests/tunekit/test_resume.py"],
+    "tunekit.commands.gc": ["tests/tunekit/test_gc.py", "tests/test_cli.py"],
+    "tunekit.commands.quickstart": ["tests/trainables/test_quickstart.py", "tests/test_cli.py"],
+    "tunekit.commands.report": ["tests/tunekit/test_report.py", "tests/test_cli.py"],
+    "tunekit.commands.status": ["tests/tunekit/test_snapshot.py", "tests/test_cli.py"],
+    "tunekit.commands.verify": ["tests/tunekit/test_verify.py", "tests/test_cli.py"],
+    "tunekit.commands._recovery": ["tests/tunekit/test_resume_torn.py", "tests/tunekit/test_resume.py"],
+    "tunekit.commands.resume": ["tests/tunekit/test_resume.py", "tests/tunekit/test_resume_torn.py"],
+    "tunekit.experiment._experiment_state": ["tests/tunekit/test_snapshot.py", "tests/tunekit/test_resume_torn.py"],
+    "tunekit.experiment._exploit_log": ["tests/tunekit/test_snapshot.py", "tests/tunekit/test_analysis.py"],
+    "tunekit.experiment._index": ["tests/trainables/test_quickstart.py", "tests/tunekit/test_storage.py"],
+    "tunekit.experiment._lease": ["tests/tunekit/test_resume.py"],
+    "tunekit.experiment._signals": ["tests/tunekit/test_resume.py", "tests/callbacks/test_preemption.py"],
+    "tunekit.experiment.gc": ["tests/tunekit/test_gc.py"],
+    "tunekit.experiment.results": ["tests/tunekit/test_read_model.py", "tests/tunekit/test_analysis.py"],
+    "tunekit.experiment.retention": ["tests/tunekit/test_gc.py", "tests/callbacks/test_retention.py"],
+    "tunekit.loading": ["tests/test_readme.py"],
+    "tunekit.multiworker._lockstep": ["tests/tunekit/test_multiworker.py"],
+    "tunekit.pbt": ["tests/test_readme.py", "tests/notebooks/test_notebooks.py"],
+    "tunekit.report": ["tests/test_readme.py", "tests/notebooks/test_notebooks.py"],
+    "tunekit.schedule": ["tests/tunekit/test_interval.py", "tests/tunekit/test_schedulers.py"],
+    "tunekit.schedulers": ["tests/test_readme.py"],
+    "tunekit.tensorboard": ["tests/test_readme.py"],
+    "tunekit.trial.device": ["tests/tunekit/test_state.py", "tests/trainables/test_reuse.py"],
+}
+
+
+def _imported_by_tests() -> set[str]:
+    """The library modules some test module imports: by name, through a package's lazy table, or as the module
+    of a name it imports."""
+    known, found = {n for n, _ in MODULES}, set()
+    for test in (ROOT / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(test.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module in known and node.level == 0:
+                module = importlib.import_module(node.module)
+                found.add(node.module)
+                for alias in node.names:
+                    found.add(f"{node.module}.{alias.name}")
+                    found.add(getattr(module, "_LAZY", {}).get(alias.name, ""))
+                    found.add(getattr(getattr(module, alias.name, None), "__module__", None) or "")
+    return found & known
+
+
 def test_every_module_has_its_tests():
-    """Each module has a test file of its name, or its docstring names the test files that test it (and they exist)."""
-    test_files = {p.name for p in (ROOT / "tests").rglob("test_*.py")}
+    """A module is imported by a test module, or ``TESTED_BY`` names the existing test files that exercise it; the
+    table lists no module a test imports (it shrinks as tests are written)."""
+    imported, problems = _imported_by_tests(), []
+    for name, _ in MODULES:
+        listed = TESTED_BY.get(name)
+        if listed is None and name not in imported:
+            problems.append(f"{name}: no test module imports it and TESTED_BY does not list it")
+        elif listed is not None and name in imported:
+            problems.append(f"{name}: a test module imports it; drop it from TESTED_BY")
+        elif listed is not None and not all((ROOT / t).is_file() for t in listed):
+            problems.append(f"{name}: TESTED_BY names {[t for t in listed if not (ROOT / t).is_file()]}, which do not exist")
+    problems += [f"TESTED_BY lists {name}, which is no module" for name in TESTED_BY if name not in dict(MODULES)]
+    assert not problems, "\n".join(problems)
+
+
+#: The library's layers, lowest first. A module imports only from its own layer and those below it (every import,
+#: function-local ones included). A module belongs to the longest prefix that names it.
+LAYERS = [
+    ("base", ["tunekit.errors", "tunekit._env", "tunekit._checks", "tunekit._keys", "tunekit._lazy", "tunekit.table"]),
+    ("storage", ["tunekit.storage"]),
+    ("checkpoint", ["tunekit.checkpoint"]),
+    ("ray", ["tunekit._ray"]),
+    ("trial", ["tunekit.trial"]),
+    ("experiment", ["tunekit.experiment"]),
+    ("schedule", ["tunekit.schedule"]),
+    ("analysis", ["tunekit.analysis"]),
+    ("frameworks", ["tunekit.integrations", "tunekit.multiworker"]),
+    ("commands", ["tunekit.commands"]),
+    ("edge", ["tunekit", "tunekit.cli", "tunekit.check", "tunekit.loading", "tunekit.pbt", "tunekit.report",
+              "tunekit.schedulers", "tunekit.tensorboard"]),
+    ("user", ["tunekit.callbacks", "tunekit.trainables"]),
+    ("testing", ["tunekit.testing"]),
+]
+#: Imports that reach up, each with why.
+UPWARD = {("tunekit.commands.quickstart", "tunekit.trainables.quickstart"): "`tunekit quickstart` runs the reference sweep"}
+
+
+def _layer(module: str) -> int:
+    matches = [(len(prefix), index) for index, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+               if module == prefix or module.startswith(prefix + ".")]
+    assert matches, f"{module} belongs to no layer of LAYERS"
+    return max(matches)[1]
+
+
+def test_no_module_imports_from_a_higher_layer():
     problems = []
     for name, path in MODULES:
-        stem = (path.parent.name if path.name == "__init__.py" else path.stem).lstrip("_")
-        named = re.findall(r"tests/[\w/]+\.py", importlib.import_module(name).__doc__ or "")
-        missing = [n for n in named if not (ROOT / n).is_file()]
-        if missing:
-            problems.append(f"{name}: its docstring names {missing}, which do not exist")
-        elif f"test_{stem}.py" not in test_files and not named:
-            problems.append(f"{name}: no tests/**/test_{stem}.py and its docstring names no test file")
+        for imported in sorted(_all_imports(name, path)):
+            if _layer(imported) > _layer(name) and (name, imported) not in UPWARD:
+                problems.append(f"{name} ({LAYERS[_layer(name)][0]}) imports {imported} ({LAYERS[_layer(imported)][0]})")
     assert not problems, "\n".join(problems)
+
+
+def test_tunekit_holds_layer_packages_and_the_documented_paths_only():
+    """The top of ``tunekit/`` is the layers' packages, the base modules, the CLI's parser and the import paths the
+    docs show; a new module goes into its layer's package."""
+    top = {p.stem for p in (ROOT / "tunekit").glob("*.py")} - {"__init__"}
+    edge = {m.split(".")[1] for m in dict(LAYERS)["edge"] if "." in m}
+    base = {m.split(".")[1] for m in dict(LAYERS)["base"]}
+    assert top == edge | base
+    packages = {p.parent.name for p in (ROOT / "tunekit").glob("*/__init__.py")}
+    listed = {m.split(".")[1] for _, prefixes in LAYERS for m in prefixes if m.count(".") == 1}
+    assert packages == listed - top - {"callbacks", "trainables"}  # (those two live at the repository's top)
+
+
+@pytest.mark.parametrize("package", sorted(n for n, p in MODULES if p.name == "__init__.py"
+                                           and n.count(".") == 1 and n.startswith("tunekit.")))
+def test_each_package_says_what_it_owns_and_may_import(package):
+    doc = importlib.import_module(package).__doc__ or ""
+    assert len(doc.split()) >= 20, f"{package}: its docstring does not say what the layer owns"
+    if package not in ("tunekit.callbacks", "tunekit.trainables", "tunekit.testing", "tunekit._ray",
+                       "tunekit.integrations", "tunekit.multiworker"):
+        assert "May import" in doc, f"{package}: its docstring does not say what it may import"
+
+
+@pytest.mark.parametrize("package", sorted(n for n, p in MODULES if p.name == "__init__.py"))
+def test_a_packages_lazy_table_is_its_public_names(package):
+    module = importlib.import_module(package)
+    table = getattr(module, "_LAZY", None)
+    if table is None:
+        return
+    assert set(module.__all__) - {"__version__"} == set(table)
+    assert all(getattr(importlib.import_module(target), name) is getattr(module, name) for name, target in table.items())
 
 
 def test_every_package_is_installed():

@@ -1,6 +1,6 @@
-"""Reference trainables built on tunekit, with the small real model and data they train.
-
-Tested in ``tests/trainables/test_quickstart.py``.
+"""Reference trainables built on tunekit, with the small real model and data they train: the quickstart's PBT
+sweep, class and function trainables over scikit-learn's digits, a DDP trial. They sit above tunekit's core and
+use it as a user's trainable does; the core never imports them (but ``tunekit quickstart`` runs one).
 """
 
 from __future__ import annotations

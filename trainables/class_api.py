@@ -1,6 +1,4 @@
 """``DigitsTrainable``: the class-API reference trainable.
-
-Tested in ``tests/trainables/test_contract.py``.
 """
 
 from __future__ import annotations

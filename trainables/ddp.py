@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from tunekit.multiworker import WorkerSession, train_trial
-from tunekit.rng import seed_everything
+from tunekit.trial.rng import seed_everything
 from tunekit.trainables.digits import build_digits_state, evaluate
 
 __all__ = ["train_loop", "tune_ddp"]

@@ -1,6 +1,4 @@
 """The 8x8 handwritten digits of scikit-learn (1,797 images, shipped in the package).
-
-Tested in ``tests/trainables/test_quickstart.py`` and ``tests/trainables/test_contract.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
 """``train_digits``: the function-API reference trainable.
-
-Tested in ``tests/trainables/test_contract.py``.
 """
 
 from __future__ import annotations
@@ -8,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunekit import FunctionSession, function_trainable, reusable, trial_device
-from tunekit.rng import seed_everything
+from tunekit.trial.rng import seed_everything
 from tunekit.trainables.digits import DEFAULTS, build_digits_state, digits_on_device, evaluate, train_steps
 
 __all__ = ["TrainDigits", "train_digits"]

@@ -13,8 +13,8 @@ import pyarrow.fs as pafs
 
 from tunekit._checks import integer_at_least, number_at_least
 from tunekit.errors import ConfigError
-from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
-from tunekit.snapshot import read_experiment
+from tunekit.schedule.pbt import pbt_setup, quiet_pbt_keep_warning
+from tunekit.experiment.snapshot import read_experiment
 from tunekit.storage import check_cluster_storage, probe_storage, resolve_storage
 from tunekit.table import format_table
 
@@ -84,7 +84,7 @@ def run_quickstart(
     ``s3://bucket/prefix?endpoint_override=http://host:9000``; it is probed
     (reachable, writable) before anything starts.
     """
-    from tunekit._connect import check_address, ray_for
+    from tunekit.commands._connect import check_address, ray_for
     from tunekit._ray import quiet_ray_notices, quiet_tune_banner
 
     out = stream or sys.stdout

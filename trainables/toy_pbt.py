@@ -25,8 +25,6 @@ exploit/explore the best member stays at ``1.2 - 0.81 = 0.39``.
 Run it as an example::
 
     python -m tunekit.trainables.toy_pbt            # PBT against no PBT, same budget
-
-Tested in ``tests/trainables/test_pbt_recipe.py``.
 """
 
 from __future__ import annotations
@@ -114,7 +112,7 @@ def run_toy_problem(storage_path: str, *, pbt: bool, name: str | None = None, st
     resume) instead of running side by side. Then the population's path does
     not depend on timing: which member runs, when it pauses and whom it
     clones follow from iteration counts alone (a member pauses two intervals
-    ahead of the other, see :class:`tunekit.pbt.PopulationBasedTrainingNoIdlePause`),
+    ahead of the other, see :class:`tunekit.schedule.pbt.PopulationBasedTrainingNoIdlePause`),
     and with ``seed`` the explore noise is fixed too. Side by side, the order
     in which the two members' results reach the scheduler decides who clones
     whom, and a run can end below the target (seen: Q = 1.10 and 1.17).
@@ -123,7 +121,7 @@ def run_toy_problem(storage_path: str, *, pbt: bool, name: str | None = None, st
     import ray
     from ray import tune
 
-    from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
+    from tunekit.schedule.pbt import pbt_setup, quiet_pbt_keep_warning
 
     quiet_pbt_keep_warning()
     explore = explore_h if seed is None else functools.partial(explore_h, rng=random.Random(seed))

@@ -2,8 +2,6 @@
 
 Importing tunekit has no side effects: nothing starts Ray, reads the
 environment or touches storage until a function is called.
-
-Tested in ``tests/test_structure.py`` (the lazy table) and ``tests/test_packaging.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tunekit.checkpoint import (
+    from tunekit.checkpoint._directory import (
         CheckpointReport,
         local_checkpoint,
         read_metadata,
@@ -20,9 +18,9 @@ if TYPE_CHECKING:
         verify_checkpoint,
         write_checkpoint,
     )
-    from tunekit.data import ShuffledBatches
-    from tunekit.loading import load_model
-    from tunekit.device import release_memory, trial_device
+    from tunekit.trial.data import ShuffledBatches
+    from tunekit.checkpoint.loading import load_model
+    from tunekit.trial.device import release_memory, trial_device
     from tunekit.errors import (
         CheckpointError,
         ConfigError,
@@ -31,54 +29,54 @@ if TYPE_CHECKING:
         StorageError,
         TunekitError,
     )
-    from tunekit.function import FunctionSession, function_trainable
-    from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters
-    from tunekit.reuse import reusable
-    from tunekit.rng import capture_rng, restore_rng, seed_everything
-    from tunekit.state import Counters, TrainingState
-    from tunekit.storage import Storage, check_cluster_storage, probe_storage, resolve_storage
-    from tunekit.torch_trainable import TorchTrainable
-    from tunekit.verify import ExperimentCheck, verify_experiment
-    from tunekit.warm import warm_start
+    from tunekit.trial.function import FunctionSession, function_trainable
+    from tunekit.trial.hparams import DEFAULT_MUTABLE, apply_hyperparameters
+    from tunekit.trial.reuse import reusable
+    from tunekit.trial.rng import capture_rng, restore_rng, seed_everything
+    from tunekit.trial.state import Counters, TrainingState
+    from tunekit.storage._location import Storage, check_cluster_storage, probe_storage, resolve_storage
+    from tunekit.trial.torch_trainable import TorchTrainable
+    from tunekit.experiment.verify import ExperimentCheck, verify_experiment
+    from tunekit.trial.warm import warm_start
 
 # Public name -> the module that defines it. ``import tunekit`` imports none of
 # them: the offline tools (status, verify, report, analysis) and ``tunekit
 # --help`` must not pay for Ray and torch; a name is imported on first use.
 _LAZY = {
-    "CheckpointReport": "tunekit.checkpoint",
-    "load_model": "tunekit.loading",
-    "local_checkpoint": "tunekit.checkpoint",
-    "read_metadata": "tunekit.checkpoint",
-    "read_state": "tunekit.checkpoint",
-    "verify_checkpoint": "tunekit.checkpoint",
-    "write_checkpoint": "tunekit.checkpoint",
-    "ShuffledBatches": "tunekit.data",
-    "release_memory": "tunekit.device",
-    "reusable": "tunekit.reuse",
-    "trial_device": "tunekit.device",
+    "CheckpointReport": "tunekit.checkpoint._directory",
+    "load_model": "tunekit.checkpoint.loading",
+    "local_checkpoint": "tunekit.checkpoint._directory",
+    "read_metadata": "tunekit.checkpoint._directory",
+    "read_state": "tunekit.checkpoint._directory",
+    "verify_checkpoint": "tunekit.checkpoint._directory",
+    "write_checkpoint": "tunekit.checkpoint._directory",
+    "ShuffledBatches": "tunekit.trial.data",
+    "release_memory": "tunekit.trial.device",
+    "reusable": "tunekit.trial.reuse",
+    "trial_device": "tunekit.trial.device",
     "CheckpointError": "tunekit.errors",
     "ConfigError": "tunekit.errors",
     "ConfigTypeError": "tunekit.errors",
     "ExperimentError": "tunekit.errors",
     "StorageError": "tunekit.errors",
     "TunekitError": "tunekit.errors",
-    "FunctionSession": "tunekit.function",
-    "function_trainable": "tunekit.function",
-    "DEFAULT_MUTABLE": "tunekit.hparams",
-    "apply_hyperparameters": "tunekit.hparams",
-    "capture_rng": "tunekit.rng",
-    "restore_rng": "tunekit.rng",
-    "seed_everything": "tunekit.rng",
-    "Counters": "tunekit.state",
-    "TrainingState": "tunekit.state",
-    "Storage": "tunekit.storage",
-    "check_cluster_storage": "tunekit.storage",
-    "probe_storage": "tunekit.storage",
-    "resolve_storage": "tunekit.storage",
-    "TorchTrainable": "tunekit.torch_trainable",
-    "ExperimentCheck": "tunekit.verify",
-    "verify_experiment": "tunekit.verify",
-    "warm_start": "tunekit.warm",
+    "FunctionSession": "tunekit.trial.function",
+    "function_trainable": "tunekit.trial.function",
+    "DEFAULT_MUTABLE": "tunekit.trial.hparams",
+    "apply_hyperparameters": "tunekit.trial.hparams",
+    "capture_rng": "tunekit.trial.rng",
+    "restore_rng": "tunekit.trial.rng",
+    "seed_everything": "tunekit.trial.rng",
+    "Counters": "tunekit.trial.state",
+    "TrainingState": "tunekit.trial.state",
+    "Storage": "tunekit.storage._location",
+    "check_cluster_storage": "tunekit.storage._location",
+    "probe_storage": "tunekit.storage._location",
+    "resolve_storage": "tunekit.storage._location",
+    "TorchTrainable": "tunekit.trial.torch_trainable",
+    "ExperimentCheck": "tunekit.experiment.verify",
+    "verify_experiment": "tunekit.experiment.verify",
+    "warm_start": "tunekit.trial.warm",
 }
 
 

@@ -3,8 +3,6 @@
 Each raises :class:`tunekit.ConfigError` (a ``ValueError``) whose one-line
 message repeats the call: ``CheckpointByStepsTaken(iterations_per_checkpoint=0):
 must be an integer >= 1``.
-
-Tested in its docstring examples (run by ``tests/test_structure.py``) and through its callers in ``tests/tunekit/test_analysis.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from tunekit.errors import ConfigError
 
 __all__ = [
     "SCOPES",
+    "UsageError",
     "as_number",
     "check_mode",
     "check_scope",
@@ -24,6 +23,12 @@ __all__ = [
     "number_at_least",
     "positive_number",
 ]
+
+
+class UsageError(Exception):
+    """A command line used wrongly (``--metric`` without ``--mode``, say): its message is the whole line the
+    command prints before it exits 2."""
+
 
 #: How a trial's series of a metric is reduced to one value when trials are ranked
 #: (``"avg"``, Ray's word, is taken for ``"mean"``).

@@ -8,8 +8,6 @@ module reads a ``TUNEKIT_*`` variable any other way.
 ['TUNEKIT_BACKGROUND_SAVES', 'TUNEKIT_CHECKPOINT_WAIT_S', 'TUNEKIT_CONNECT_TIMEOUT_S']
 >>> get_float("TUNEKIT_CHECKPOINT_WAIT_S", environ={})
 600.0
-
-Tested in ``tests/test_structure.py``.
 """
 
 from __future__ import annotations

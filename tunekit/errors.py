@@ -3,8 +3,6 @@
 Every error subclasses a builtin (``ValueError``, or ``OSError`` for storage
 that cannot be reached), so callers that do not know tunekit still catch them; the message is one line naming what is wrong and
 what is expected.
-
-Tested in ``tests/test_structure.py`` (one hierarchy) and by every test that expects an error.
 """
 
 from __future__ import annotations

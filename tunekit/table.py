@@ -1,6 +1,4 @@
 """Flatten Tune results into rows and rows into Arrow tables (shared by the logger and the readers).
-
-Tested in ``tests/tunekit/test_analysis.py``.
 """
 
 from __future__ import annotations

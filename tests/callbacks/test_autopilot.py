@@ -18,7 +18,8 @@ from tunekit import TorchTrainable, TrainingState
 from tunekit.callbacks import CheckpointAutopilot, ProgressPrinter
 from tunekit.cli import main
 from tunekit.errors import ConfigError
-from tunekit.interval import INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY, daly_interval
+from tunekit._keys import INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
+from tunekit.schedule.interval import daly_interval
 
 COST, MTBF = 0.5, 30.0
 

@@ -8,7 +8,7 @@ from ray import tune
 
 from tunekit.callbacks import ProgressPrinter
 from tunekit.cli import main
-from tunekit.snapshot import read_experiment
+from tunekit.experiment.snapshot import read_experiment
 from tunekit.trainables import DigitsTrainable
 
 

@@ -15,8 +15,8 @@ from ray.tune.schedulers import HyperBandScheduler, PopulationBasedTraining
 from tunekit import read_state, verify_checkpoint
 from tunekit.callbacks import KeepCheckpoints, ParquetLogger
 from tunekit.cli import main
-from tunekit.pbt import pbt_setup, quiet_pbt_keep_warning
-from tunekit.snapshot import read_experiment
+from tunekit.schedule.pbt import pbt_setup, quiet_pbt_keep_warning
+from tunekit.experiment.snapshot import read_experiment
 from tunekit.trainables.toy_pbt import THETA0, ToyPBT, explore_h
 
 TRIALS, ITERATIONS, EVERY = 8, 16, 2
@@ -275,7 +275,7 @@ def test_finished_trials_settle_and_the_experiments_best_stays_whoever_holds_it(
 def test_a_budget_counts_each_train_checkpoint_of_a_multi_worker_trial_once(tmp_path):
     """A multi-worker trial's Tune checkpoints are pointers of a few KB; ``max_bytes`` counts the Train
     checkpoints they name, each once (two pointers may name one), freed only with its last pointer."""
-    from tunekit._snapshot_model import CheckpointSummary
+    from tunekit.experiment._snapshot_model import CheckpointSummary
     from tunekit.checkpoint import write_checkpoint
     from tunekit.multiworker.trial import write_pointer
     from tunekit.storage import directory_bytes

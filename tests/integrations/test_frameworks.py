@@ -156,7 +156,7 @@ def test_warm_starts(ray_session, framework, storage, plain):
 
 def test_pbt_exploit_puts_the_mutated_learning_rate_in_effect(ray_session, framework, storage):
     """After every exploit the optimizer runs at the trial's new (mutated) rate, not the donor's."""
-    from tunekit.pbt import pbt_setup
+    from tunekit.schedule.pbt import pbt_setup
 
     trainable, config, _ = CASES[framework]
     config = {**config, "epochs": 6, "gamma": 1.0, "schedule": "constant", "samples": 256,
@@ -187,7 +187,7 @@ def test_pbt_exploit_puts_the_mutated_learning_rate_in_effect(ray_session, frame
 def test_a_checkpoint_of_the_wrong_kind_is_refused_in_one_line(ray_session, plain, tmp_path):
     from tests.integrations.models import lightning_module
     from tunekit.integrations._common import new_state
-    from tunekit.warm import apply_warm_start
+    from tunekit.trial.warm import apply_warm_start
 
     lightning_ckpt = plain("lightning").checkpoint.path
     hf_ckpt = plain("transformers").checkpoint.path
@@ -301,7 +301,7 @@ def test_the_integrations_mutables_are_what_pbt_setup_accepts():
 
     from tests.integrations.models import train_lightning, train_transformers
     from tunekit import function_trainable
-    from tunekit.pbt import pbt_setup
+    from tunekit.schedule.pbt import pbt_setup
     from tunekit.errors import ConfigError
     from tunekit.integrations import lightning as tk_lightning
     from tunekit.integrations import transformers as tk_transformers

@@ -17,8 +17,8 @@ from ray import tune
 
 from tests.support.faults import flip_byte
 from tunekit import function_trainable
-from tunekit._checkpointer import BACKGROUND_MIN_BYTES
-from tunekit._trial_dir import await_write
+from tunekit.trial._checkpointer import BACKGROUND_MIN_BYTES
+from tunekit.checkpoint._trial_dir import await_write
 from tunekit.trainables import DigitsTrainable, train_digits
 
 
@@ -129,8 +129,8 @@ def die_once(config: dict[str, Any], upcoming: int) -> None:
         return
     phase = config.get("die_in_write")
     if phase:
-        import tunekit._faults as faults
-        from tunekit._saving import drain_writes
+        import tunekit.checkpoint._faults as faults
+        from tunekit.trial._saving import drain_writes
 
         # An earlier checkpoint's write may still be in flight (its helper thread runs at a lower
         # priority: on a loaded machine it can lag iterations behind); it completes first, so the

@@ -38,7 +38,7 @@ def tunekit_rows(result: Any) -> Any:
     restarts a restored trial's ``result.json`` from a copy and can lose the rows of a killed worker."""
     import posixpath
 
-    from tunekit._result_frames import from_parquet, parquet_parts
+    from tunekit.analysis._result_frames import from_parquet, parquet_parts
     from tunekit.storage import Storage
 
     experiment = posixpath.dirname(result.path.rstrip("/"))

@@ -6,7 +6,7 @@ import pytest
 
 from tunekit.testing import tensors_equal
 from tunekit import read_state
-from tunekit.state import TrainingState
+from tunekit.trial.state import TrainingState
 from tunekit.trainables import DigitsTrainable
 
 CONFIG = {"lr": 0.05, "momentum": 0.9, "hidden_size": 16, "batch_size": 32, "seed": 7, "steps_per_iteration": 7}

@@ -12,7 +12,7 @@ from ray import tune
 from tests.support.contract import DyingDigits, DyingTrainDigits
 from tunekit.testing import invariant_violations
 from tunekit.callbacks import KeepCheckpoints, ParquetLogger
-from tunekit.pbt import pbt_setup
+from tunekit.schedule.pbt import pbt_setup
 
 
 CONFIG = {"lr": 0.05, "momentum": 0.9, "hidden_size": 16, "batch_size": 32, "steps_per_iteration": 7}

@@ -28,7 +28,7 @@ import tunekit
 from tunekit import read_metadata, read_state, verify_checkpoint, warm_start
 from tunekit.testing import tensors_equal
 from tunekit.callbacks import CheckpointByStepsTaken, ParquetLogger
-from tunekit.snapshot import read_experiment
+from tunekit.experiment.snapshot import read_experiment
 from tunekit.trainables import DigitsTrainable, TrainDigits
 
 CONFIG = {"lr": 0.05, "momentum": 0.9, "hidden_size": 16, "batch_size": 32, "seed": 7, "steps_per_iteration": 7}

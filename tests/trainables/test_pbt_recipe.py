@@ -9,7 +9,7 @@ from ray import tune
 from tests.support.contract import DyingDigits, DyingTrainDigits
 from tests.support.fit import ControllerTrials
 from tunekit import ConfigError, verify_checkpoint
-from tunekit.pbt import pbt_setup
+from tunekit.schedule.pbt import pbt_setup
 from tunekit.trainables import DigitsTrainable
 from tunekit.trainables.toy_pbt import TARGET_Q, run_toy_problem
 

@@ -55,7 +55,7 @@ def test_quickstart_names_the_true_best_and_prints_nothing_of_rays(storage, tmp_
     recorded = [read_metadata(str(c))["metrics"]["accuracy"] for c in experiment.glob("*/checkpoint_*")]
     assert abs(max(recorded) - best_acc) <= 5e-5
     assert int(best.group(2)) == read_metadata(ckpt)["iteration"]
-    # quickstart, `tunekit status --metric --mode` and tunekit.analysis agree.
+    # quickstart, `tunekit status --metric --mode` and tunekit.analysis._load agree.
     status = subprocess.run(
         [sys.executable, "-m", "tunekit.cli", "status", str(experiment), "--metric", "accuracy", "--mode", "max", "--json"],
         capture_output=True, text=True, timeout=120,
@@ -187,7 +187,7 @@ def test_ctrl_c_during_quickstart_is_shown_as_interrupted_and_resume_finishes_it
     import signal
 
     from tunekit.analysis import load_results
-    from tunekit.snapshot import read_experiment
+    from tunekit.experiment.snapshot import read_experiment
 
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_AUTH_MODE", "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "RAY_ADDRESS")}

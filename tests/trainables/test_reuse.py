@@ -18,7 +18,7 @@ import torch
 from tests.support.contract import end_actor, make_actor
 from tunekit.testing import tensors_equal
 from tunekit import TorchTrainable, read_state
-from tunekit.reuse import reusable_slot
+from tunekit.trial.reuse import reusable_slot
 from tunekit.trainables import DigitsTrainable, TrainDigits
 from tunekit.trainables.digits import build_digits_state, digits_on_device, evaluate, train_steps
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from tunekit import TrainingState
 from tunekit.multiworker import train_trial
-from tunekit.rng import seed_everything
+from tunekit.trial.rng import seed_everything
 
 __all__ = ["Stream", "checked", "full_model_state", "loop"]
 
@@ -80,7 +80,7 @@ def loop(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
 
-    from tunekit import _faults as tk_faults
+    from tunekit.checkpoint import _faults as tk_faults
     from tunekit.multiworker import WorkerSession
 
     config = {**config, **config.get("case", {})}  # a grid search over cases: {"out": ..., "faults": ...}

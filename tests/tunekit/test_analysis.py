@@ -20,10 +20,10 @@ from tunekit import ConfigError, ExperimentError, resolve_storage
 from tunekit.analysis import best_checkpoint, best_trial, load_best_model, load_results, pbt_lineage
 from tunekit.callbacks import ParquetLogger
 from tunekit.cli import main
-from tunekit.report import write_report
-from tunekit.results import RESTORED_FROM_KEY
-from tunekit.snapshot import read_experiment
-from tunekit.tensorboard import export_tensorboard
+from tunekit.analysis.report import write_report
+from tunekit._keys import RESTORED_FROM_KEY
+from tunekit.experiment.snapshot import read_experiment
+from tunekit.analysis.tensorboard import export_tensorboard
 from tunekit.trainables.digits import digits_model, evaluate
 
 
@@ -132,7 +132,7 @@ def test_dedupe_keeps_each_iteration_once_whether_the_rows_come_grouped_or_not(s
 
     import pyarrow as pa
 
-    from tunekit._result_frames import by_trial, dedupe_order
+    from tunekit.analysis._result_frames import by_trial, dedupe_order
 
     rng = random.Random(seed)
     logged = {}
@@ -370,7 +370,7 @@ def test_rows_secured_in_the_journal_outlive_a_killed_driver_and_the_next_run_ba
 def test_the_readers_hold_off_the_garbage_collector_only_while_they_read_and_leave_it_as_it_was():
     import gc
 
-    from tunekit.results import gc_paused
+    from tunekit.storage._files import gc_paused
 
     assert gc.isenabled()
     with gc_paused():

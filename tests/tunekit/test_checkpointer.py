@@ -1,4 +1,4 @@
-"""tunekit._checkpointer: what a trial's checkpoint holds (TrialContent) and how it is loaded back.
+"""tunekit.trial._checkpointer: what a trial's checkpoint holds (TrialContent) and how it is loaded back.
 
 The save/restore protocol of TrialCheckpointer runs inside Ray's trainables: it is
 exercised through both of them by tests/trainables/test_contract.py and
@@ -13,9 +13,9 @@ import torch
 
 from tests.support.faults import flip_byte
 from tunekit import CheckpointError
-from tunekit._checkpointer import TrialContent
+from tunekit.trial._checkpointer import TrialContent
 from tunekit.checkpoint import read_metadata
-from tunekit.state import StateBuffers
+from tunekit.trial.state import StateBuffers
 from tunekit.trainables.digits import build_digits_state, train_steps
 
 

@@ -17,7 +17,7 @@ from tunekit import ConfigError, check_cluster_storage, resolve_storage
 from tunekit.analysis import load_results
 from tunekit.trainables import DigitsTrainable
 from tunekit.trainables.quickstart import run_quickstart
-from tunekit.verify import verify_experiment
+from tunekit.experiment.verify import verify_experiment
 
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
 

@@ -17,8 +17,8 @@ from ray import tune
 
 from tunekit.analysis import load_results
 from tunekit.cli import main
-from tunekit.record import FORMAT, write_record
-from tunekit.snapshot import read_experiment
+from tunekit.experiment.record import FORMAT, write_record
+from tunekit.experiment.snapshot import read_experiment
 from tunekit.storage import resolve_storage
 from tunekit.trainables.toy_pbt import ToyPBT
 

@@ -7,7 +7,7 @@ import torch
 from torch.optim import lr_scheduler as lrs
 
 from tunekit import ConfigError, TrainingState, apply_hyperparameters
-from tunekit.hparams import put_learning_rate
+from tunekit.trial.hparams import put_learning_rate
 
 TOTAL = 40
 

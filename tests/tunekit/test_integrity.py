@@ -159,7 +159,7 @@ def test_confirm_upload_catches_a_checkpoint_that_did_not_arrive_whole(fault, pr
 
 def test_checkpoint_written_for_background_sync_is_good_and_hashes_match_the_files(tmp_path):
     """durable=False: the streamed hashes are those of the bytes on disk; fsync later."""
-    from tunekit._saving import Durability
+    from tunekit.trial._saving import Durability
 
     state = build_digits_state({"seed": 4, "hidden_size": 16}, torch.device("cpu"))
     train_steps(state, 3)
@@ -243,7 +243,7 @@ def _as_newer_format(directory: Path, version: int) -> None:
 
 def test_a_newer_manifest_format_is_unsupported_not_corrupt(pristine, tmp_path, capsys):
     from tunekit.cli import main
-    from tunekit._restoring import prepare_restore
+    from tunekit.trial._restoring import prepare_restore
 
     trial = tmp_path / "exp" / "trial_0"
     older, newer = trial / "checkpoint_000000", trial / "checkpoint_000001"

@@ -1,4 +1,4 @@
-"""The checkpoint-interval model (tunekit.interval): Young's and Daly's formulas against their published
+"""The checkpoint-interval model (tunekit.schedule.interval): Young's and Daly's formulas against their published
 figures, Daly's expected runtime, the Gamma-Poisson estimate of the MTBF, and the clamps."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 
 from tunekit.errors import ConfigError
-from tunekit.interval import (MtbfEstimate, choose_interval, daly_interval, expected_runtime, parse_duration,
+from tunekit.schedule.interval import (MtbfEstimate, choose_interval, daly_interval, expected_runtime, parse_duration,
                               young_interval)
 
 MINUTE, HOUR = 60.0, 3600.0
@@ -73,8 +73,8 @@ def test_durations_and_their_errors():
 
 
 def test_the_cost_and_interval_keys_are_bookkeeping_not_metrics():
-    from tunekit.interval import INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
-    from tunekit.snapshot import RAY_KEYS
+    from tunekit._keys import INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
+    from tunekit.experiment.snapshot import RAY_KEYS
 
     # status/report/gc metric lists and `tunekit check`'s run comparison skip them (a save's cost differs run to run)
     assert {SAVE_BLOCKED_KEY, SAVE_WRITE_KEY, INTERVAL_KEY} <= RAY_KEYS

@@ -14,7 +14,7 @@ from ray import tune
 
 from tests.support.faults import flip_byte
 from tests.tunekit.multiworker_loops import loop
-from tunekit._manifest import verify_directory
+from tunekit.checkpoint._manifest import verify_directory
 from tunekit.checkpoint import read_metadata, verify_checkpoint, write_checkpoint
 from tunekit.cli import main
 from tunekit.multiworker import train_trial
@@ -77,7 +77,7 @@ def test_verify_names_a_tune_checkpoint_whose_train_checkpoint_is_gone(tmp_path,
 
 def test_check_and_a_session_outside_a_train_worker_say_what_is_wrong():
     from tunekit import TrainingState
-    from tunekit.check import as_trainable_class
+    from tunekit.commands.check import as_trainable_class
     from tunekit.errors import ConfigError
     from tunekit.multiworker import WorkerSession
 
@@ -205,7 +205,7 @@ def _reads_offline(experiment: Path, newest: Path, final: dict, tmp_path: Path) 
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     from tunekit.analysis import load_best_model
-    from tunekit.loading import export_dcp, read_full_state
+    from tunekit.checkpoint.loading import export_dcp, read_full_state
 
     full = read_full_state(str(newest))
     assert all(torch.equal(full["models"]["model"][k], final[k]) for k in final)
@@ -310,7 +310,7 @@ def test_tune_decides_the_checkpoints_of_a_multi_worker_trial_each_of_the_iterat
     the workers wait for Tune's decision on each report), and the at-end one holds the final weights. The
     experiment copied to S3 and from there to another local directory verifies in both places, its pointers
     naming the copy's own Train checkpoints, and a Train run restored from the copy has the final weights."""
-    from tunekit._manifest import read_metadata
+    from tunekit.checkpoint._manifest import read_metadata
     from tunekit.multiworker.trial import train_checkpoint_of
     from tunekit.storage import resolve_storage
 
@@ -388,7 +388,7 @@ def test_a_background_save_writes_the_state_of_its_copy_while_training_changes_i
 
     from tunekit import TrainingState
     from tunekit.multiworker._parts import load_parts, shard_stager, stage_parts
-    from tunekit.state import StateBuffers
+    from tunekit.trial.state import StateBuffers
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:

@@ -31,11 +31,11 @@ import pytest
 import torch
 
 from tunekit import read_metadata, read_state, verify_checkpoint, write_checkpoint
-from tunekit._restoring import prepare_restore, remove_temps
-from tunekit._announced import INDEX_FILE, announce, claim_index
-from tunekit._pins import PIN_RECORD, pin_checkpoint
-from tunekit._saving import Durability, commit_checkpoint
-from tunekit._trial_dir import stage_checkpoint, writer_id
+from tunekit.trial._restoring import prepare_restore, remove_temps
+from tunekit.checkpoint._announced import INDEX_FILE, announce, claim_index
+from tunekit.checkpoint._pins import PIN_RECORD, pin_checkpoint
+from tunekit.trial._saving import Durability, commit_checkpoint
+from tunekit.checkpoint._trial_dir import stage_checkpoint, writer_id
 
 
 def test_an_index_is_never_announced_twice(tmp_path):
@@ -79,10 +79,10 @@ def _interrupted(final: Path) -> None:
 TRAINER = textwrap.dedent(
     """
     import json, os, sys, time
-    import tunekit._faults as faults
-    import tunekit.checkpoint as checkpoint
+    import tunekit.checkpoint._faults as faults
+    import tunekit.checkpoint._directory as checkpoint
     from tunekit import _ray
-    from tunekit._saving import drain_writes
+    from tunekit.trial._saving import drain_writes
     from tunekit.trainables import DigitsTrainable
 
     root, index, restore, go = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -185,9 +185,9 @@ def test_a_worker_handed_to_a_new_trial_does_not_wait_for_the_previous_trials_wr
     """Mechanism 2: ``reset`` (actor reuse) returns while the previous trial's write is still in flight;
     that write completes afterwards, and its failure is logged for that trial, never raised to the new one."""
     monkeypatch.chdir(os.getcwd())  # a Trainable moves into its trial's working directory: come back after
-    import tunekit._faults as faults
+    import tunekit.checkpoint._faults as faults
     from tunekit import _ray
-    from tunekit._saving import drain_writes
+    from tunekit.trial._saving import drain_writes
     from tunekit.trainables import DigitsTrainable
 
     monkeypatch.setattr(DigitsTrainable, "background_saves_min_bytes", 0)  # two-phase, although small
@@ -316,7 +316,7 @@ def test_a_clone_saved_before_it_reported_says_whose_state_it_holds_when_restore
     from its own checkpoint saved just after the exploit, must name the donor again, or the jump in its
     iterations reads as rows lost. A retry from a checkpoint saved once the donor was reported names itself."""
     from tunekit import _ray
-    from tunekit.results import RESTORED_FROM_KEY
+    from tunekit._keys import RESTORED_FROM_KEY
     from tunekit.trainables import DigitsTrainable, TrainDigits
 
     cls = DigitsTrainable if kind == "class" else TrainDigits

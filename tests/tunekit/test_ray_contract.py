@@ -236,7 +236,7 @@ def test_trial_worker_and_reset_keys_are_as_relied_on():
 def test_pbt_trial_state_records_the_last_scored_time():
     from ray.tune.experiment import Trial
 
-    from tunekit.pbt import PopulationBasedTrainingNoIdlePause
+    from tunekit.schedule.pbt import PopulationBasedTrainingNoIdlePause
 
     pbt = PopulationBasedTrainingNoIdlePause(
         time_attr="training_iteration", metric="m", mode="max", perturbation_interval=2,
@@ -281,7 +281,7 @@ def test_every_override_overrides_a_ray_hook():
                     )
                 checked.append(where)
     assert "tunekit._ray.pbt.PBTWithDonorChoice._checkpoint_or_exploit" in checked
-    assert "tunekit.torch_trainable.TorchTrainable.save_checkpoint" in checked
+    assert "tunekit.trial.torch_trainable.TorchTrainable.save_checkpoint" in checked
     assert "tunekit.callbacks.steps.CheckpointByStepsTaken.on_trial_result" in checked
 
 
@@ -378,7 +378,7 @@ def test_tune_banner_switch_still_exists():
 
 
 def test_tune_checkpoint_is_recognised_without_importing_it_eagerly(tmp_path):
-    from tunekit._manifest import locate
+    from tunekit.checkpoint._manifest import locate
 
     where = locate(tune.Checkpoint.from_directory(str(tmp_path)))
     assert where.path == str(tmp_path)
@@ -470,7 +470,7 @@ def test_a_trial_asks_its_worker_to_finish_its_last_save_once_per_result_in_a_wo
     at a later result in the same worker (a trial paused, then resumed in the worker it had: actor reuse),
     whose last save would otherwise return before it is written. None while the trial's results say its saves
     are written before they return (``note_saves``)."""
-    from tunekit.interval import SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
+    from tunekit._keys import SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
 
 
     @ray.remote(num_cpus=0)

@@ -14,7 +14,7 @@ from tests.support.faults import copy_experiment, flip_byte
 from tunekit.analysis import best_checkpoint, load_best_model, load_results
 from tunekit.checkpoint import MANIFEST_FILE, METADATA_FILE, STATE_FILE, verify_checkpoint
 from tunekit.cli import main
-from tunekit.snapshot import read_experiment
+from tunekit.experiment.snapshot import read_experiment
 from tunekit.trainables.digits import digits_model
 
 

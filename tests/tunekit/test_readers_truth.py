@@ -14,8 +14,8 @@ from ray import tune
 from tests.support.faults import flip_byte
 from tunekit import CheckpointError, ConfigError, verify_checkpoint
 from tunekit.cli import main
-from tunekit.record import RECORD_NAME
-from tunekit.snapshot import read_experiment
+from tunekit.experiment.record import RECORD_NAME
+from tunekit.experiment.snapshot import read_experiment
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def test_status_names_a_torn_search_state_that_would_make_ray_start_over(exp, ca
 def test_report_through_a_filesystem_object_names_a_cut_checkpoint(exp, tmp_path):
     import fsspec
 
-    from tunekit.report import write_report
+    from tunekit.analysis.report import write_report
     from tunekit.storage import resolve_storage
 
     cut = sorted(exp.glob("*/checkpoint_*/state.pt"))[0]
@@ -128,7 +128,7 @@ def test_verify_names_a_damaged_result_file(exp, capsys):
 
 
 def test_a_bad_tunekit_variable_is_refused_before_anything_starts(exp, monkeypatch, capsys):
-    from tunekit.pbt import pbt_setup
+    from tunekit.schedule.pbt import pbt_setup
     from tunekit.callbacks import ParquetLogger
     from tunekit.trainables import DigitsTrainable
 

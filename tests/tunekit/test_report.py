@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tunekit._report_plots import segment_starts
-from tunekit.report import hyperparameters, write_report
+from tunekit.analysis._report_plots import segment_starts
+from tunekit.analysis.report import hyperparameters, write_report
 
 #: Loaded after the page: counts the images that decoded and records any script error in the DOM.
 _PROBE = """

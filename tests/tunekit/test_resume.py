@@ -22,9 +22,9 @@ from tunekit import read_state, resolve_storage
 from tunekit.checkpoint import verify_checkpoint
 from tunekit.analysis import load_results
 from tunekit.cli import main
-from tunekit.experiment_dir import root_files
-from tunekit._pickles import driver_state_problem
-from tunekit.snapshot import read_experiment
+from tunekit.checkpoint._layout import root_files
+from tunekit.experiment._pickles import driver_state_problem
+from tunekit.experiment.snapshot import read_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,7 +142,7 @@ def _one_trial_experiment(exp: Path, status: str = "RUNNING", trainable: str | N
 def test_resume_finds_the_users_trainable_in_the_project_directory(tmp_path, monkeypatch):
     """`cd project && tunekit resume EXP`: the trainable its checkpoints record is imported from there, as
     `tunekit check` imports it; one it cannot import is named with the import error."""
-    from tunekit._find_trainable import find_trainable
+    from tunekit.commands._find_trainable import find_trainable
     from tunekit.errors import ConfigError
 
     project = tmp_path / "project"
@@ -167,7 +167,7 @@ def test_resume_finds_the_users_trainable_in_the_project_directory(tmp_path, mon
 
 _HOLDER = """
 import sys
-from tunekit._lease import experiment_lease
+from tunekit.experiment._lease import experiment_lease
 from tunekit.storage import resolve_storage
 with experiment_lease(resolve_storage(sys.argv[1]), "resume"):
     print("held", flush=True)
@@ -202,7 +202,7 @@ def test_two_resumes_at_once_the_second_refuses_naming_the_first(tmp_path, capsy
 def test_trainables_recorded_under_the_old_top_level_names_are_found(tmp_path):
     """Experiments of tunekit before 0.2 recorded `trainables.class_api:DigitsTrainable`."""
     code = (
-        "from tunekit.resume import import_trainable\n"
+        "from tunekit.commands.resume import import_trainable\n"
         "from tunekit.trainables import DigitsTrainable, train_digits\n"
         "assert import_trainable('trainables.class_api:DigitsTrainable') is DigitsTrainable\n"
         "assert import_trainable('trainables.function_api:train_digits') is train_digits\n"
@@ -398,3 +398,24 @@ def test_a_second_run_beside_a_live_driver_is_refused_before_training(ray_sessio
     finally:
         other.kill()
         other.wait()
+
+
+def test_an_experiment_of_an_older_tunekit_unpickles_where_its_modules_moved(monkeypatch):
+    """``tuner.pkl`` of tunekit 0.3 refers to ``tunekit.torch_trainable`` and ``tunekit.function``: before
+    ``Tuner.restore`` those names lead to the modules' layer packages, and nothing else is aliased."""
+    import pickle
+
+    from tunekit.commands._find_trainable import _alias_moved_packages
+    from tunekit.experiment._pickles import pickle_globals
+    from tunekit.trial import function, torch_trainable
+
+    old = b"(ctunekit.torch_trainable\nTorchTrainable\nctunekit.function\nfunction_trainable\ntp0\n."
+    for name in ("tunekit.torch_trainable", "tunekit.function"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(ModuleNotFoundError):
+        pickle.loads(old)
+    _alias_moved_packages(pickle_globals(old))
+    assert pickle.loads(old) == (torch_trainable.TorchTrainable, function.function_trainable)
+    assert "tunekit.state" not in sys.modules  # (a moved module the pickle does not name)
+    for name in ("tunekit.torch_trainable", "tunekit.function"):
+        monkeypatch.delitem(sys.modules, name)

@@ -18,8 +18,8 @@ from tests.tunekit.test_resume import ROOT, _run_killed_driver
 from tunekit import read_state
 from tunekit.analysis import load_results
 from tunekit.cli import main
-from tunekit.record import RECORD_NAME, read_record, write_record
-from tunekit.snapshot import read_experiment
+from tunekit.experiment.record import RECORD_NAME, read_record, write_record
+from tunekit.experiment.snapshot import read_experiment
 from tunekit.storage import resolve_storage
 
 KINDS = {"class": ("training", "none"), "function": ("function", "none-function")}
@@ -134,7 +134,7 @@ def test_the_record_is_whole_json_whenever_its_writer_is_killed(tmp_path):
     writer = (
         "import sys, itertools\n"
         "import pyarrow.fs as pafs\n"
-        "from tunekit.record import FORMAT, write_record\n"
+        "from tunekit.experiment.record import FORMAT, write_record\n"
         "fs = pafs.LocalFileSystem()\n"
         "for n in itertools.count():\n"
         "    write_record(fs, sys.argv[1], {'format': FORMAT, 'n': n, 'trials': [{'trial_id': str(i), "
@@ -217,7 +217,7 @@ def test_the_record_follows_each_trial_and_encodes_only_what_changed(tmp_path):
     from ray.tune.experiment import Trial
 
     from tunekit import _ray
-    from tunekit.record import ExperimentRecorder
+    from tunekit.experiment.record import ExperimentRecorder
 
     storage = _ray.storage_context(str(tmp_path), "exp", "trial")
     trials = [Trial("__fake", config={"i": i, "name": 'a "quoted" \0 value'}, stub=True, storage=storage)
@@ -253,7 +253,9 @@ def test_the_record_is_written_less_often_where_its_text_costs_more(tmp_path, mo
     import pyarrow.fs as pafs
     from ray.tune.experiment import Trial
 
-    from tunekit import _ray, record
+    from tunekit import _ray
+
+    from tunekit.experiment import record
 
     clock = [1000.0]
     monkeypatch.setattr(record, "time", types.SimpleNamespace(monotonic=lambda: clock[0], time=record.time.time))

@@ -1,4 +1,4 @@
-"""tunekit.schedulers: a free worker goes to the newest waiting trial (not to one whose own worker is starting)."""
+"""tunekit.schedule.schedulers: a free worker goes to the newest waiting trial (not to one whose own worker is starting)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from tests.support.fit import ControllerTrials
-from tunekit.schedulers import ASHAKeepWorkersBusy, FIFOKeepWorkersBusy, KeepWorkersBusy
+from tunekit.schedule.schedulers import ASHAKeepWorkersBusy, FIFOKeepWorkersBusy, KeepWorkersBusy
 
 
 @pytest.mark.parametrize("busy, ray_scheduler", [(FIFOKeepWorkersBusy, FIFOScheduler),

@@ -14,7 +14,7 @@ from ray import tune
 
 from tunekit import ExperimentError
 from tunekit.cli import main
-from tunekit.snapshot import read_experiment
+from tunekit.experiment.snapshot import read_experiment
 from tunekit.trainables import DigitsTrainable
 
 

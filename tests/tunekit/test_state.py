@@ -109,7 +109,7 @@ def test_state_requires_models():
 @pytest.mark.parametrize("parts, named", [
     ({"schedulers": {"s": "cosine"}}, r"TrainingState\(schedulers\['s'\]\): expected an object with state_dict"),
     ({"data": [1, 2, 3]}, r"TrainingState\(data\): expected an object with state_dict\(\) and load_state_dict"),
-    ({"counters": {"iteration": 3}}, r"TrainingState\(counters=...\): expected a tunekit.state.Counters, got dict"),
+    ({"counters": {"iteration": 3}}, r"TrainingState\(counters=...\): expected a tunekit.trial.state.Counters, got dict"),
     ({"extras": {"f": lambda: 1}}, r"TrainingState\(extras\['f'\]\): cannot be saved in a checkpoint"),
     ({"optimizers": "list"}, r"TrainingState\(optimizers=...\): expected a dict of name -> object, got list"),
 ], ids=["scheduler", "data", "counters", "extras", "optimizers"])

@@ -109,7 +109,7 @@ def test_storage_is_a_plain_value():
 
 def test_a_large_file_on_s3_is_read_in_one_request_and_a_missing_one_in_none(s3_bucket):
     """Ray's experiment state of a large sweep is megabytes: read as a stream it costs a request per 256 KiB."""
-    from tunekit.results import file_bytes
+    from tunekit.storage._files import file_bytes
 
     where = resolve_storage(s3_bucket.uri("exp"))
     data = bytes(range(256)) * 4096 * 3  # 3 MiB

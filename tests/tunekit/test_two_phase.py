@@ -25,24 +25,24 @@ import pytest
 import torch
 
 from tunekit import CheckpointError, read_state, verify_checkpoint, write_checkpoint
-from tunekit._announced import INDEX_FILE
-from tunekit.interval import SAVE_WRITE_KEY
-from tunekit._trial_dir import leftovers
-from tunekit.state import StateBuffers, TrainingState
-from tunekit._durability import Durability
-from tunekit._restoring import local_request, prepare_restore
-from tunekit._pins import is_pinned, pin_checkpoint
-from tunekit._trial_dir import await_write
+from tunekit.checkpoint._announced import INDEX_FILE
+from tunekit._keys import SAVE_WRITE_KEY
+from tunekit.checkpoint._trial_dir import leftovers
+from tunekit.trial.state import StateBuffers, TrainingState
+from tunekit.checkpoint._durability import Durability
+from tunekit.trial._restoring import local_request, prepare_restore
+from tunekit.checkpoint._pins import is_pinned, pin_checkpoint
+from tunekit.checkpoint._trial_dir import await_write
 
 WRITER = textwrap.dedent(
     """
     import os, sys, time
     import torch
-    import tunekit._faults as faults
-    import tunekit.checkpoint as checkpoint
-    from tunekit._saving import Durability, commit_checkpoint
-    from tunekit._announced import announce
-    from tunekit._trial_dir import keep_newest_complete, stage_checkpoint
+    import tunekit.checkpoint._faults as faults
+    import tunekit.checkpoint._directory as checkpoint
+    from tunekit.trial._saving import Durability, commit_checkpoint
+    from tunekit.checkpoint._announced import announce
+    from tunekit.checkpoint._trial_dir import keep_newest_complete, stage_checkpoint
 
     final, hold_at, go = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -174,7 +174,7 @@ def test_state_buffers_are_a_snapshot_and_are_reused():
 def test_a_write_its_save_waits_for_runs_at_trainings_priority_others_below_it():
     """A background write runs below training's CPU priority; one its save waits for (a trial's last, every
     save under Ray's PBT) does not: training waits for it, so a lower priority only lengthens the wait."""
-    from tunekit._saving import BackgroundSaves
+    from tunekit.trial._saving import BackgroundSaves
 
     def priority_of_write(urgent: bool) -> int:
         saves, seen, written = BackgroundSaves(), [], threading.Event()
@@ -194,8 +194,8 @@ def test_a_write_its_save_waits_for_runs_at_trainings_priority_others_below_it()
 _NICE_15 = textwrap.dedent("""
     import os, threading
     from concurrent.futures import ThreadPoolExecutor
-    import tunekit._saving as saving
-    from tunekit._priority import lend_priority, submit_below
+    import tunekit.trial._saving as saving
+    from tunekit.checkpoint._priority import lend_priority, submit_below
     def nice():
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 15)  # as Ray starts its workers
@@ -206,7 +206,7 @@ _NICE_15 = textwrap.dedent("""
         written.wait()
         saves.wait()
         return seen[0]
-    import tunekit._durability as durable
+    import tunekit.checkpoint._durability as durable
     seen, synced = [], threading.Event()
     durable.fsync_paths = lambda paths: (seen.append(nice()), synced.set())
     durability = saving.Durability()
@@ -251,7 +251,7 @@ def test_background_writes_run_below_a_ray_workers_priority_and_at_it_when_waite
 def test_a_small_state_is_written_before_save_returns_a_large_one_on_the_helper_thread(tmp_path, monkeypatch):
     """Below ``background_saves_min_bytes`` of tensors a save writes in place on the training thread (no kept
     copy, no announced directory): whole when ``save`` returns. At 0 the same trainable saves two-phase."""
-    import tunekit._faults as faults
+    import tunekit.checkpoint._faults as faults
     from tunekit import _ray
     from tunekit.trainables import DigitsTrainable
 
@@ -287,7 +287,7 @@ def test_a_small_state_is_written_before_save_returns_a_large_one_on_the_helper_
 
 
 def test_the_size_that_decides_counts_the_optimizers_state():
-    from tunekit._checkpointer import _smaller_than
+    from tunekit.trial._checkpointer import _smaller_than
 
     model = torch.nn.Linear(10, 10)  # 110 floats: 440 bytes
     state = TrainingState(models={"m": model}, optimizers={"adam": torch.optim.Adam(model.parameters())})
@@ -301,7 +301,7 @@ def test_a_small_checkpoint_reaches_the_disk_with_one_syncfs_or_else_with_fsyncs
     import ctypes
     import errno
 
-    import tunekit._durability as durable
+    import tunekit.checkpoint._durability as durable
 
     directory = write_checkpoint(tmp_path / "ckpt", {"w": torch.ones(4)}, durable=False)
     fsynced: list[list[Path]] = []

@@ -14,7 +14,7 @@ from tests.support.fit import fit
 from tests.tunekit.outage import S3Outage
 from tunekit import read_state, resolve_storage, verify_checkpoint, verify_experiment
 from tunekit.cli import main
-from tunekit.experiment_dir import find_trials
+from tunekit.checkpoint._layout import find_trials
 from tunekit.trainables import DigitsTrainable
 
 CONFIG = {"hidden_size": 16, "batch_size": 32, "steps_per_iteration": 3, "checkpoint_every": 1}
@@ -98,8 +98,8 @@ def test_verify_refuses_what_is_not_an_experiment(make, storage, capsys):
 def test_verify_of_one_checkpoint_directory_tunekit_did_not_write(storage, capsys):
     one = storage / "trial" / "checkpoint_000004"
     one.mkdir(parents=True)
-    from tunekit._manifest import NOT_WRITTEN
-    from tunekit.verify import FOREIGN
+    from tunekit.checkpoint._manifest import NOT_WRITTEN
+    from tunekit.experiment.verify import FOREIGN
 
     assert main(["verify", str(one)]) == 1  # announced, never written: as an experiment's verify says
     assert capsys.readouterr().out.strip() == f"{one}: incomplete: {NOT_WRITTEN}"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tunekit import CheckpointError, ConfigError, TrainingState, warm_start, write_checkpoint
-from tunekit.warm import LINEAGE_KEY, WARM_START_KEY, apply_warm_start
+from tunekit.trial.warm import LINEAGE_KEY, WARM_START_KEY, apply_warm_start
 
 
 def _state(seed: int, width: int = 3) -> TrainingState:

@@ -7,8 +7,6 @@ hooks ``_checkpoint_or_exploit`` and ``_exploit``,
 ``_FutureTrainingResult``; ``Trial.temporary_state.ray_actor``,
 ``_TrialInfo`` and the ``TRIAL_INFO``/``STDOUT_FILE``/``STDERR_FILE`` config keys;
 the checkpoint manager's ``_latest_checkpoint_result``.
-
-Tested in ``tests/tunekit/test_ray_contract.py`` and ``tests/trainables/test_pbt_exploit.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining
 from typing_extensions import override
 
-from tunekit.interval import SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
+from tunekit._keys import SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
 
 __all__ = [
     "PBTWithDonorChoice",
@@ -217,10 +215,10 @@ def pin_donor_checkpoint(trial: Any) -> None:
     Between the scheduler's decision and the clone reading the checkpoint, the
     donor goes on training: its next checkpoint makes Ray delete the one
     chosen (``num_to_keep=1``). The trial is given the pin instead
-    (:func:`tunekit._pins.pin_checkpoint`); the restore that reads it
+    (:func:`tunekit.checkpoint._pins.pin_checkpoint`); the restore that reads it
     removes it.
     """
-    from tunekit._pins import pin_checkpoint
+    from tunekit.checkpoint._pins import pin_checkpoint
 
     manager = trial.run_metadata.checkpoint_manager
     result = manager._latest_checkpoint_result

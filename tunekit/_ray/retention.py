@@ -9,8 +9,6 @@ checkpoint an exploit may pick); the ``TuneController`` attribute
 public API hands a callback the scheduler). Ray Train V2's run snapshot
 (``CHECKPOINT_MANAGER_SNAPSHOT_FILENAME``, whose entries name checkpoints by
 ``checkpoint_dir_name``): a run started again refuses to start when one is gone.
-
-Tested in ``tests/tunekit/test_ray_contract.py`` and ``tests/callbacks/test_retention.py``.
 """
 
 from __future__ import annotations
@@ -54,7 +52,7 @@ def drop_vanished_checkpoints(trial: Any) -> list[str]:
     checkpoints ``num_to_keep`` (or ``KeepCheckpoints``) deleted after it are still named there, and the next
     checkpoint registered makes Ray delete one of them again, which fails (``FileNotFoundError``) and errors
     the trial. The latest checkpoint stays named (the trial is restored from it, or from what stands in for
-    it: :func:`tunekit._restoring.prepare_restore`); out of the list Ray deletes from, it is never deleted.
+    it: :func:`tunekit.trial._restoring.prepare_restore`); out of the list Ray deletes from, it is never deleted.
     """
     manager = trial.run_metadata.checkpoint_manager
     named = [r for r in manager._checkpoint_results if r.checkpoint is not None]

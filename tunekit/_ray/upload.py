@@ -2,9 +2,6 @@
 storage with tunekit's commit mark, the manifest, last.
 
 Part of :mod:`tunekit._ray` (see its docstring for the private names); re-exported there.
-
-Tested in ``tests/tunekit/test_verify.py``, ``tests/tunekit/test_nothing_lost.py`` and
-``tests/tunekit/test_ray_contract.py``.
 """
 
 from __future__ import annotations
@@ -52,7 +49,7 @@ def _commits_last(storage: Any, directory: str) -> bool:
     """Whether a checkpoint ``directory`` goes to remote storage with its manifest last (a tunekit one)."""
     import pyarrow.fs as pafs
 
-    from tunekit._manifest import MANIFEST_FILE
+    from tunekit.checkpoint._manifest import MANIFEST_FILE
 
     return storage is not None and type(storage.storage_filesystem) is not pafs.LocalFileSystem and \
         os.path.exists(os.path.join(directory, MANIFEST_FILE))
@@ -63,7 +60,7 @@ def _manifest_last(fs: Any, target: str, directory: str, upload: Callable[[], An
     there, then write its manifest: a kill at any point leaves no manifest over other bytes."""
     import pyarrow.fs as pafs
 
-    from tunekit._manifest import MANIFEST_FILE
+    from tunekit.checkpoint._manifest import MANIFEST_FILE
 
     stale = posixpath.join(target, MANIFEST_FILE)
     if fs.get_file_info(stale).type != pafs.FileType.NotFound:
@@ -113,7 +110,7 @@ def _abort_killed_uploads(storage: Any) -> None:
     if storage is None or getattr(storage, "_tunekit_uploads_checked", None) == storage.trial_fs_path:
         return
     storage._tunekit_uploads_checked = storage.trial_fs_path
-    from tunekit._uploads import abort_checkpoint_uploads
+    from tunekit.checkpoint._uploads import abort_checkpoint_uploads
 
     try:
         aborted = abort_checkpoint_uploads(storage.storage_filesystem, storage.trial_fs_path)
@@ -129,13 +126,13 @@ def _skip_used_indexes(storage: Any) -> None:
     """Ray's next checkpoint index raised above any used in the trial's directory (local storage).
 
     Ray's counter lags after a worker dies between persisting a checkpoint and
-    the driver registering it (:func:`tunekit._announced.claim_index`): Ray
+    the driver registering it (:func:`tunekit.checkpoint._announced.claim_index`): Ray
     would then write into that directory again, over a checkpoint that may be
     registered already. Ray adds one to the counter before it persists."""
     import pyarrow.fs as pafs
 
     if storage is None or type(storage.storage_filesystem) is not pafs.LocalFileSystem:
         return
-    from tunekit._announced import claim_index
+    from tunekit.checkpoint._announced import claim_index
 
     storage.current_checkpoint_index = claim_index(storage.trial_fs_path, storage.current_checkpoint_index + 1) - 1

@@ -13,8 +13,6 @@ verified, resumed bit-exactly, cloned by PBT, warm-started
 (:func:`tunekit.warm_start`) and read by ``tunekit verify`` like any other.
 Importing these modules imports neither framework; the first call does, and
 says what to install when it is missing.
-
-Tested in ``tests/integrations/test_frameworks.py``.
 """
 
 from __future__ import annotations

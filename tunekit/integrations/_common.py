@@ -1,6 +1,4 @@
 """What the framework integrations share: the state they checkpoint, when they report, how they apply PBT's values.
-
-Tested in ``tests/integrations/test_frameworks.py``.
 """
 
 from __future__ import annotations
@@ -10,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from tunekit.errors import CheckpointError, ConfigError
-from tunekit.function import FunctionSession
-from tunekit.hparams import put_learning_rate
-from tunekit.state import TrainingState
+from tunekit.trial.function import FunctionSession
+from tunekit.trial.hparams import put_learning_rate
+from tunekit.trial.state import TrainingState
 
 __all__ = [
     "FrameworkTrainingState",
@@ -128,7 +126,7 @@ def apply_optimizer_values(
 
     ``lr`` and ``learning_rate`` both mean the learning rate: it is put in
     effect as if the schedule had been built at it, its progress kept
-    (:func:`tunekit.hparams.put_learning_rate`, from the value in
+    (:func:`tunekit.trial.hparams.put_learning_rate`, from the value in
     ``previous``, the rate the restored checkpoint was saved with).
     """
     for key, value in changed.items():

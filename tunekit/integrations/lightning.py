@@ -45,8 +45,6 @@ only if the train dataloader is stateful (has ``state_dict``/``load_state_dict``
 such as torchdata's ``StatefulDataLoader``); Lightning restarts a plain
 dataloader's epoch from its first batch. Set ``enable_checkpointing=False``
 (Lightning's own ``ModelCheckpoint`` would write a second, blocking copy).
-
-Tested in ``tests/integrations/test_frameworks.py``.
 """
 
 from __future__ import annotations
@@ -59,7 +57,7 @@ from typing import Any, Mapping
 import torch
 
 from tunekit.errors import ConfigTypeError
-from tunekit.function import FunctionSession
+from tunekit.trial.function import FunctionSession
 from tunekit.integrations._common import (
     Reporter,
     apply_optimizer_values,
@@ -68,7 +66,7 @@ from tunekit.integrations._common import (
     plain_metrics,
     require,
 )
-from tunekit.rng import restore_rng
+from tunekit.trial.rng import restore_rng
 
 __all__ = ["MUTABLE", "dump_checkpoint", "fit"]
 

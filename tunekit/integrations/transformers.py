@@ -42,8 +42,6 @@ What a trial does:
 
 Set ``save_strategy="no"``: the Trainer's own checkpoints would be a second,
 blocking copy of what tunekit already saves.
-
-Tested in ``tests/integrations/test_frameworks.py``.
 """
 
 from __future__ import annotations
@@ -61,7 +59,7 @@ import numpy as np
 import torch
 
 from tunekit.errors import CheckpointError, ConfigTypeError
-from tunekit.function import FunctionSession
+from tunekit.trial.function import FunctionSession
 from tunekit.integrations._common import (
     Reporter,
     apply_optimizer_values,
@@ -70,7 +68,7 @@ from tunekit.integrations._common import (
     plain_metrics,
     require,
 )
-from tunekit.rng import capture_rng, restore_rng
+from tunekit.trial.rng import capture_rng, restore_rng
 
 __all__ = ["MUTABLE", "dump_trainer", "to_trainer_checkpoint", "train"]
 
@@ -184,7 +182,7 @@ def to_trainer_checkpoint(checkpoint: Any, directory: str) -> str:
     Raises:
         CheckpointError: it is damaged, or not a Transformers trial's checkpoint.
     """
-    from tunekit.checkpoint import read_state
+    from tunekit.checkpoint._directory import read_state
     from tunekit.integrations._common import KEY_PREFIX, framework_of
 
     state = read_state(checkpoint)

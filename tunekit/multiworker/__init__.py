@@ -11,8 +11,8 @@
   a checkpoint of the iteration Tune saw (the workers wait for Tune's decision on each report).
 
 * :func:`train_checkpoint_of`: the Train checkpoint a trial's Tune checkpoint (``Result.checkpoint``) points at.
-  Read one without Ray: :func:`tunekit.loading.read_full_state` (the whole state, shards gathered) and
-  :func:`tunekit.loading.export_dcp` (a plain ``torch.distributed.checkpoint`` directory).
+  Read one without Ray: :func:`tunekit.checkpoint.loading.read_full_state` (the whole state, shards gathered) and
+  :func:`tunekit.checkpoint.loading.export_dcp` (a plain ``torch.distributed.checkpoint`` directory).
 
 See ``docs/multiworker.md``. Tested in ``tests/tunekit/test_multiworker.py``.
 """

@@ -14,8 +14,6 @@ The decisions go through a small actor of the trial's, keyed ``"<placement group
 ranks of one worker group share its placement group and a restarted group gets a new one, so a decision is
 never taken by a group it was not meant for. The price is one round trip through Tune's driver per report
 (Train's controller, which carries reports to the trial, is asked to poll every 0.1 s instead of 2 s).
-
-Tested in ``tests/tunekit/test_multiworker.py``.
 """
 
 from __future__ import annotations
@@ -141,7 +139,7 @@ def lockstep_trainable(trial: Callable[[dict[str, Any]], None], name: str, mixin
     """The Tune trainable of a lockstep multi-worker trial: a class (so that Tune accepts
     ``checkpoint_frequency`` and ``checkpoint_at_end``) running ``trial`` as tunekit's function trainables
     do, whose saves are the workers' checkpoints of the iteration Tune saw."""
-    from tunekit.function import function_trainable
+    from tunekit.trial.function import function_trainable
 
     base = function_trainable(trial, name=name)
 

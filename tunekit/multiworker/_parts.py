@@ -1,13 +1,11 @@
 """What each rank of a multi-worker trial writes and reads: the replicated state, its own part, its shard.
 
-Implementation tier of :mod:`tunekit.multiworker` (layout: :mod:`tunekit._ranks`). Replicated state
+Implementation tier of :mod:`tunekit.multiworker` (layout: :mod:`tunekit.checkpoint._ranks`). Replicated state
 (DDP: the model and optimizer every rank holds) is written once, by rank 0, as a tunekit checkpoint;
 each rank writes its own RNG streams and data position under ``rank-<r>/``; sharded state (FSDP2
 ``fully_shard``, FSDP1, any DTensor state) goes through ``torch.distributed.checkpoint``: every rank
 writes only its shard (``rank-<r>/__<r>_0.distcp``), nobody gathers the model. Each rank's manifest
 covers its shard, so a checkpoint verifies only when every shard does.
-
-Tested in ``tests/tunekit/test_multiworker.py``.
 """
 
 from __future__ import annotations
@@ -23,11 +21,11 @@ from typing import Any
 
 import torch
 
-from tunekit._ranks import RANKS_FILE, rank_dir, ranks_bytes
-from tunekit.checkpoint import read_state, write_checkpoint
+from tunekit.checkpoint._ranks import RANKS_FILE, rank_dir, ranks_bytes
+from tunekit.checkpoint._directory import read_state, write_checkpoint
 from tunekit.errors import CheckpointError
-from tunekit.rng import capture_rng, restore_rng
-from tunekit.state import FORMAT, Counters, StateBuffers, TrainingState
+from tunekit.trial.rng import capture_rng, restore_rng
+from tunekit.trial.state import FORMAT, Counters, StateBuffers, TrainingState
 
 __all__ = ["is_sharded", "load_parts", "shard_stager", "stage_parts", "write_parts"]
 
@@ -61,7 +59,7 @@ def _sharded_dict(state: TrainingState) -> dict[str, Any]:
 
 def _replicated_rest(state: TrainingState) -> dict[str, Any]:
     """What every rank holds alike besides models and optimizers (written by rank 0)."""
-    from tunekit.state import to_cpu
+    from tunekit.trial.state import to_cpu
 
     return to_cpu({"format": FORMAT, "models": {}, "optimizers": {},
                    "schedulers": {k: s.state_dict() for k, s in state.schedulers.items()},

@@ -2,8 +2,6 @@
 kill cut short, which the trial's next pointer's write removes.
 
 Implementation tier of :mod:`tunekit.multiworker` (see :mod:`tunekit.multiworker.trial`).
-
-Tested in ``tests/tunekit/test_multiworker.py``.
 """
 
 from __future__ import annotations
@@ -14,12 +12,12 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from tunekit._interrupted import cut_short_parts
-from tunekit._manifest import read_metadata
-from tunekit.checkpoint import write_checkpoint
+from tunekit.checkpoint._interrupted import cut_short_parts
+from tunekit.checkpoint._manifest import read_metadata
+from tunekit.checkpoint._directory import write_checkpoint
 from tunekit.errors import CheckpointError
-from tunekit.experiment_dir import POINTER_KEY, pointer_value
-from tunekit.storage import resolve_storage
+from tunekit.checkpoint._layout import POINTER_KEY, pointer_value
+from tunekit.storage._location import resolve_storage
 
 __all__ = ["checkpoint_names", "drop_cut_short", "write_pointer"]
 

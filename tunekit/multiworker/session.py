@@ -3,10 +3,8 @@
 Every rank of ``train_loop_per_worker`` builds its state, then creates a :class:`WorkerSession`: it
 restores from the checkpoint Ray Train hands back (``ray.train.get_checkpoint()``), the newest one
 whose every rank's part verifies (all ranks agree on it), and :meth:`WorkerSession.report` reports
-metrics with or without a checkpoint in one call. Layout and parts: :mod:`tunekit._ranks`,
+metrics with or without a checkpoint in one call. Layout and parts: :mod:`tunekit.checkpoint._ranks`,
 :mod:`tunekit.multiworker._parts`.
-
-Tested in ``tests/tunekit/test_multiworker.py``.
 """
 
 from __future__ import annotations
@@ -22,16 +20,16 @@ from typing import Any, Literal
 
 import pyarrow.fs as pafs
 
-from tunekit._manifest import read_metadata, verify_directory
-from tunekit._ranks import RANKS_FILE, read_ranks
+from tunekit.checkpoint._manifest import read_metadata, verify_directory
+from tunekit.checkpoint._ranks import RANKS_FILE, read_ranks
 from tunekit.errors import CheckpointError, ConfigError
-from tunekit.hparams import DEFAULT_MUTABLE, apply_hyperparameters, changed_hyperparameters
-from tunekit.interval import SAVE_BLOCKED_KEY
+from tunekit.trial.hparams import DEFAULT_MUTABLE, apply_hyperparameters, changed_hyperparameters
+from tunekit._keys import SAVE_BLOCKED_KEY
 from tunekit.multiworker._lockstep import (DECIDE_KEY, ENDED_KEY, GROUP_KEY, LOCKSTEP_KEYS, SAVED_FOR_KEY,
                                            START_KEYS)
 from tunekit.multiworker._parts import is_sharded, load_parts, shard_stager, stage_parts, write_parts
-from tunekit.state import StateBuffers, TrainingState
-from tunekit.storage import resolve_storage
+from tunekit.trial.state import StateBuffers, TrainingState
+from tunekit.storage._location import resolve_storage
 
 __all__ = ["WorkerSession", "current_session", "with_end_handshake"]
 

@@ -12,8 +12,6 @@ checkpoint (no rank's part is copied). Tune's view is then whole: ``Result.check
 the mutated hyperparameters are put in effect by :class:`~tunekit.multiworker.WorkerSession`), a paused
 or resumed trial. Tune decides checkpoints as for single-worker trials (frequency, at end, callbacks,
 schedulers): the workers wait for its decision on each report (:mod:`tunekit.multiworker._lockstep`).
-
-Tested in ``tests/tunekit/test_multiworker.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from typing import Any
 from ray.train import UserCallback
 
 from tunekit.errors import CheckpointError, ConfigError
-from tunekit.experiment_dir import POINTER_KEY
+from tunekit.checkpoint._layout import POINTER_KEY
 from tunekit.multiworker._lockstep import (DECIDE_KEY, ENDED_KEY, GROUP_KEY, LOCKSTEP_KEYS, RUN, SAVED_FOR_KEY,
                                            START_KEYS, decide, decisions_actor, end_run, lockstep_trainable, take)
 from tunekit.multiworker._pointer import checkpoint_names, drop_cut_short, write_pointer
@@ -159,12 +157,12 @@ def train_checkpoint_of(checkpoint: Any) -> str | None:
 
     ``checkpoint``: a ``ray.tune.Checkpoint`` (``Result.checkpoint``) or a local path.
     """
-    from tunekit._manifest import read_metadata
-    from tunekit.storage import resolve_storage
+    from tunekit.checkpoint._manifest import read_metadata
+    from tunekit.storage._location import resolve_storage
 
     if checkpoint is None:
         return None
-    from tunekit.experiment_dir import pointer_target
+    from tunekit.checkpoint._layout import pointer_target
 
     where = resolve_storage(checkpoint, filesystem=None) if isinstance(checkpoint, str) else \
         resolve_storage(checkpoint.path, filesystem=checkpoint.filesystem)
@@ -179,7 +177,7 @@ def _set_aside_stale_snapshot(filesystem: Any, run_dir: str) -> None:
     """Train refuses to start its run again when a checkpoint its snapshot names was deleted (KeepCheckpoints,
     ``tunekit gc``): the snapshot is set aside, and the workers restore from the checkpoint Tune hands over."""
     from tunekit import _ray
-    from tunekit.storage import resolve_storage
+    from tunekit.storage._location import resolve_storage
 
     where = resolve_storage(run_dir, filesystem=filesystem)
     gone = _ray.set_aside_stale_train_snapshot(where.filesystem, where.path)

@@ -9,8 +9,6 @@ over, rows twice or missing, a trial past its stop, ``tunekit verify``/``status`
 :func:`run_and_reap` runs a driver that kills itself and then ends every process it started
 (:func:`kill_until_gone`).
 :func:`tensors_equal` compares two states bit for bit. See ``docs/resume.md`` ("Proving your own sweep").
-
-Tested in ``tests/trainables/test_chaos.py`` and ``tests/tunekit/test_resume.py``.
 """
 
 from tunekit.testing._injector import Injector, Kill, invariant_violations, tensors_equal

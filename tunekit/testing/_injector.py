@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunekit._manifest import MANIFEST_FILE
-from tunekit._trial_dir import STAGING, leftovers
+from tunekit.checkpoint._manifest import MANIFEST_FILE
+from tunekit.checkpoint._trial_dir import STAGING, leftovers
 
 __all__ = ["Injector", "Kill", "invariant_violations", "tensors_equal"]
 
@@ -176,7 +176,7 @@ class Injector:
 
 
 def _has_metadata(staging: str) -> bool:
-    from tunekit._manifest import METADATA_FILE
+    from tunekit.checkpoint._manifest import METADATA_FILE
 
     return os.path.exists(os.path.join(staging, METADATA_FILE))
 
@@ -218,7 +218,7 @@ def invariant_violations(experiment: str, grid: Any = None, *, reference: dict[s
     """
     from tunekit.analysis import load_results
     from tunekit.cli import main
-    from tunekit.snapshot import read_experiment
+    from tunekit.experiment.snapshot import read_experiment
 
     out = []
     snap = read_experiment(experiment)

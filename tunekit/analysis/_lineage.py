@@ -1,0 +1,147 @@
+"""PBT lineage: every exploit placed where the target's own rows show it, and each trial's ancestry.
+
+Implementation tier of :func:`tunekit.analysis._load.pbt_lineage` (which loads the
+results and calls :func:`build_lineage`).
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from tunekit._checks import is_number
+from tunekit.analysis._result_frames import ITER, parquet_parts, parts_table, row_config
+from tunekit.experiment.results import parse_result_lines
+from tunekit.storage._files import read_text
+from tunekit.experiment.snapshot import ExperimentSnapshot
+from tunekit.storage._location import Storage
+
+__all__ = ["Lineage", "build_lineage"]
+
+
+@dataclass
+class Lineage:
+    """PBT history: every exploit, and where each trial's weights came from."""
+
+    exploits: pd.DataFrame
+    ancestry: dict[str, list[tuple[str, int, int]]]
+
+    def describe(self, trial_id: str) -> str:
+        """``a[1-4] -> b[5-8]``: whose iterations a trial's final weights went through."""
+        return " -> ".join(f"{t}[{a}-{b}]" for t, a, b in self.ancestry.get(trial_id, []))
+
+
+_Logged = list[tuple[int, dict[str, Any]]]
+
+
+def _logged_rows(experiment: Storage, snap: ExperimentSnapshot) -> dict[str, _Logged]:
+    """Each trial's (iteration, config) in the order reported, re-runs included.
+
+    From the Parquet dataset when there is one (it has every row), else from
+    each trial's ``result.json`` (which may lack rows Ray lost).
+    """
+    out: dict[str, _Logged] = {}
+    parts = parquet_parts(experiment)
+    if parts:
+        table = parts_table(experiment, parts,
+                            lambda names: ["trial_id", ITER] + [c for c in names if c.startswith("config/")]).to_pylist()
+        for row in table:
+            if is_number(row.get(ITER)):
+                config = {c[len("config/"):]: v for c, v in row.items() if c.startswith("config/")}
+                out.setdefault(str(row["trial_id"]), []).append((int(row[ITER]), config))
+        return out
+    for trial in snap.trials:
+        text = read_text(experiment.filesystem, posixpath.join(experiment.join(trial.name).path, "result.json"))
+        rows, _ = parse_result_lines(text or "")
+        out[trial.trial_id] = [
+            (int(r[ITER]), r.get("config") if isinstance(r.get("config"), dict) else {})
+            for r in rows if is_number(r.get(ITER))
+        ]
+    return out
+
+
+def _has(config: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    return bool(wanted) and all(
+        k in config and (config[k] == v or (is_number(config[k]) and is_number(v) and math.isclose(config[k], v)))
+        for k, v in wanted.items()
+    )
+
+
+def _fix_exploit_iterations(experiment: Storage, snap: ExperimentSnapshot, records: list[dict[str, Any]]) -> None:
+    """Place each exploit where the target's own rows show it happened.
+
+    Ray logs iterations as of its decision, which with ``synch=True`` can lag
+    both the checkpoint actually cloned and the target's own iteration. The
+    target's rows are the truth: the first row after the exploit carries the
+    new config, and continues from the cloned checkpoint (iteration k+1 after
+    a checkpoint of iteration k). Where the config did not visibly change,
+    the row after the logged iteration is used; where the rows around an
+    exploit are missing, Ray's logged values stay.
+    """
+    if not records:
+        return
+    logged = _logged_rows(experiment, snap)
+    position: dict[str, int] = {}
+    for record in records:
+        rows = logged.get(record["target"], [])
+        start = max(position.get(record["target"], 0), 1)
+        keys = {k for _, cfg in rows for k in cfg}
+        wanted = {k: v for k, v in (record["new_config"] or {}).items()
+                  if k in keys and (is_number(v) or isinstance(v, (str, bool)))}
+        hit = next(
+            (j for j in range(start, len(rows)) if _has(rows[j][1], wanted) and not _has(rows[j - 1][1], wanted)),
+            None,
+        )
+        if hit is None:  # no visible config change: the row after the logged iteration
+            hit = next((j for j in range(start, len(rows)) if rows[j - 1][0] == record["iteration"]), None)
+        if hit is None:
+            continue
+        record["iteration"] = rows[hit - 1][0]
+        record["source_iteration"] = rows[hit][0] - 1
+        position[record["target"]] = hit + 1
+
+
+def build_lineage(experiment: Storage, snap: ExperimentSnapshot, df: pd.DataFrame) -> Lineage:
+    """The :class:`Lineage` of ``snap``'s exploits, ``df`` being its results (:func:`tunekit.load_results`)."""
+    current: dict[str, dict[str, Any]] = {}
+    firsts = df.groupby("trial_id", sort=False).head(1).set_index("trial_id") if not df.empty else None
+    for trial in snap.trials:
+        if firsts is not None and trial.trial_id in firsts.index:
+            current[trial.trial_id] = row_config(firsts.loc[trial.trial_id])
+        else:
+            current[trial.trial_id] = dict(trial.config)
+    records = []
+    for exploit in snap.exploits:
+        old = dict(current.get(exploit.target, {}))
+        current[exploit.target] = {**old, **exploit.new_config}
+        records.append(
+            {
+                "iteration": exploit.iteration,
+                "target": exploit.target,
+                "source": exploit.source,
+                "source_iteration": exploit.source_iteration,
+                "old_config": old,
+                "new_config": exploit.new_config,
+            }
+        )
+    _fix_exploit_iterations(experiment, snap, records)
+    exploits = pd.DataFrame.from_records(
+        records, columns=["iteration", "target", "source", "source_iteration", "old_config", "new_config"]
+    )
+    final = {t.trial_id: t.iterations for t in snap.trials}
+
+    def chain(trial: str, upto: int, before: int) -> list[tuple[str, int, int]]:
+        for k in range(before - 1, -1, -1):
+            record = records[k]
+            if record["target"] == trial and record["source_iteration"] <= upto:
+                start = record["source_iteration"] + 1
+                own = [(trial, start, upto)] if start <= upto else []
+                return chain(record["source"], record["source_iteration"], k) + own
+        return [(trial, 1, upto)] if upto >= 1 else []
+
+    ancestry = {t: chain(t, n, len(records)) for t, n in final.items()}
+    return Lineage(exploits, ancestry)

@@ -1,0 +1,83 @@
+"""Which checkpoints a retention policy keeps: one decision for ``tunekit gc`` and the ``KeepCheckpoints`` callback.
+
+The checkpoints kept are the union of three selections (as Determined's GC
+policy): the ``experiment_best`` best of the whole experiment, the
+``trial_best`` best of each trial (by ``metric`` in ``mode``), and the
+``trial_latest`` newest of each trial. What a resume or a scheduler still
+needs is added by the caller, who knows it: ``tunekit gc`` from the
+experiment's files, the callback from the running trials and scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping, Sequence
+
+from tunekit.experiment._snapshot_model import CheckpointSummary, ranked
+from tunekit.errors import ConfigError
+
+__all__ = ["Policy", "newest_first", "selected"]
+
+
+def _count(call: str, name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{call}({name}={value!r}): expected a whole number >= 0")
+    return value
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A checked retention policy; a selection left ``None`` keeps nothing by itself."""
+
+    experiment_best: int | None = None
+    trial_best: int | None = None
+    trial_latest: int | None = None
+    metric: str | None = None
+    mode: Literal["max", "min"] | None = None
+
+    @classmethod
+    def checked(cls, call: str, *, experiment_best: Any = None, trial_best: Any = None, trial_latest: Any = None,
+                metric: Any = None, mode: Any = None, flags: bool = False) -> Policy:
+        """The policy, or one :class:`ConfigError` line naming the bad argument (``flags``: CLI spelling)."""
+        policy = cls(_count(call, "experiment_best", experiment_best), _count(call, "trial_best", trial_best),
+                     _count(call, "trial_latest", trial_latest), metric, mode)
+        if mode is not None and mode not in ("max", "min"):
+            raise ConfigError(f"{call}(mode={mode!r}): expected 'max' or 'min'")
+        if metric is not None and (not isinstance(metric, str) or not metric):
+            raise ConfigError(f"{call}(metric={metric!r}): expected a metric name")
+        if (policy.experiment_best or policy.trial_best) and (not metric or mode is None):
+            raise ConfigError("--experiment-best and --trial-best rank by a metric: give --metric M and --mode max|min"
+                              if flags else f"{call}: experiment_best and trial_best rank by a metric: "
+                              "give metric= and mode='max'|'min'")
+        return policy
+
+    @property
+    def selects(self) -> bool:
+        """Whether any selection was given (else the policy keeps everything)."""
+        return (self.experiment_best, self.trial_best, self.trial_latest) != (None, None, None)
+
+    @property
+    def ranks(self) -> bool:
+        return bool(self.metric and self.mode)
+
+
+def newest_first(checkpoints: Sequence[CheckpointSummary]) -> list[CheckpointSummary]:
+    """By iteration, then name, newest first (an unknown iteration counts as 0)."""
+    return sorted(checkpoints, key=lambda c: (c.iteration or 0, c.name), reverse=True)
+
+
+def selected(trials: Mapping[str, Sequence[CheckpointSummary]], policy: Policy) -> set[tuple[str, str]]:
+    """``(trial, checkpoint name)`` pairs the policy's selections keep, ``trials`` mapping a trial to its checkpoints."""
+    keep: set[tuple[str, str]] = set()
+    if policy.experiment_best and policy.metric and policy.mode:
+        owner = {id(c): t for t, cs in trials.items() for c in cs}
+        everything = [c for cs in trials.values() for c in cs]
+        keep |= {(owner[id(c)], c.name) for c in ranked(everything, policy.metric, policy.mode)[:policy.experiment_best]}
+    for trial, checkpoints in trials.items():
+        if policy.trial_latest:
+            keep |= {(trial, c.name) for c in newest_first(checkpoints)[:policy.trial_latest]}
+        if policy.trial_best and policy.metric and policy.mode:
+            keep |= {(trial, c.name) for c in ranked(list(checkpoints), policy.metric, policy.mode)[:policy.trial_best]}
+    return keep
