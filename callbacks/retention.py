@@ -25,6 +25,7 @@ from tunekit.checkpoint._layout import TRAIN_DIR
 from tunekit.experiment.retention import Policy, newest_first, selected
 from tunekit.storage import directory_bytes
 from tunekit.table import format_bytes
+from tunekit.trial.kind import declared
 
 __all__ = ["KeepCheckpoints"]
 
@@ -344,7 +345,7 @@ class KeepCheckpoints(TunekitCallback):
                 cls = trial.get_trainable_cls()
             except Exception:  # noqa: BLE001 - not registered in this process: not one of train_trial's
                 cls = None
-            self._multi[trial.trainable_name] = bool(getattr(cls, "tunekit_multiworker", False))
+            self._multi[trial.trainable_name] = declared(cls).multiworker
         return self._multi[trial.trainable_name]
 
     def _deleter(self) -> ThreadPoolExecutor:

@@ -26,6 +26,7 @@ from torch import nn
 
 from tunekit.multiworker import WorkerSession, train_trial
 from tunekit.trial.rng import seed_everything
+from tunekit.trial.kind import TrainableKind
 from tunekit.trainables.digits import build_digits_state, evaluate
 
 __all__ = ["train_loop", "tune_ddp"]
@@ -92,4 +93,4 @@ def tune_ddp(config: dict[str, Any]) -> None:
 
 #: ``tunekit check`` cannot check it (its workers run ahead of Tune) and says so in one line; it checks a
 #: module-level ``train_trial(train_loop, workers=2)`` (lockstep, the default) instead.
-tune_ddp.tunekit_multiworker = True  # type: ignore[attr-defined]
+tune_ddp.tunekit_trainable = TrainableKind(multiworker=True)  # type: ignore[attr-defined]

@@ -111,3 +111,20 @@ def test_the_notebooks_trainables_pass(notebook, lr, tmp_path, monkeypatch, caps
     config = {"lr": lr, "seed": 0, "epochs": 6}
     assert main(["check", f"nb_{notebook}:train", "--config", json.dumps(config)]) == 0, capsys.readouterr()
     assert capsys.readouterr().out.startswith(f"PASS nb_{notebook}:train")
+
+
+def test_each_trainable_declares_what_it_is():
+    """The commands tell a trainable's kind from what it declares (``tunekit_trainable``), nothing else."""
+    from tunekit.multiworker import train_trial
+    from tunekit.trainables import DigitsTrainable, TrainDigits, train_digits
+    from tunekit.trainables.ddp import tune_ddp
+    from tunekit.trial.kind import TrainableKind, declared
+    from tests.tunekit.multiworker_loops import checked, loop
+
+    assert declared(TrainDigits).train_fn is train_digits and not declared(TrainDigits).multiworker
+    assert declared(DigitsTrainable) == TrainableKind() == declared(train_digits)
+    assert declared(checked).train_fn is not None and declared(checked).multiworker
+    assert dict(declared(checked).resources) == {"workers": 2, "cpus_per_worker": 0.5, "use_gpu": False}
+    assert declared(tune_ddp) == TrainableKind(multiworker=True)
+    ahead = train_trial(loop, workers=3, lockstep=False)  # (its workers run ahead of Tune: a class of Ray's)
+    assert declared(ahead).multiworker and declared(ahead).train_fn is None

@@ -22,6 +22,8 @@ import traceback
 import types
 from typing import Any
 
+from tunekit.trial.kind import declared
+
 __all__ = ["fingerprints", "main", "rng_streams"]
 
 #: How many items of one container or object the search for what the trainable holds reads.
@@ -178,9 +180,8 @@ def fingerprints(named_roots: dict[str, Any], skip: set[int]) -> dict[str, tuple
 def _user_roots(trainable: Any, baseline: set[str]) -> dict[str, Any]:
     """What the user's code holds: the trainable's own attributes; for a training function, its closure and locals."""
     roots = {f"self.{k}": v for k, v in vars(trainable).items() if k not in baseline}
-    fn = getattr(type(trainable), "_train_fn", None)
+    fn = declared(type(trainable)).train_fn
     if fn is not None:
-        fn = getattr(fn, "__func__", fn)
         code = getattr(fn, "__code__", None)
         for name, cell in zip(getattr(code, "co_freevars", ()), getattr(fn, "__closure__", None) or ()):
             try:
@@ -227,7 +228,7 @@ def _run(spec: dict[str, Any]) -> dict[str, Any]:
 
     cls = as_trainable_class(import_trainable(spec["trainable"]), spec["trainable"])
     work, name = spec["work"], spec["name"]
-    multi = getattr(cls, "tunekit_multiworker", False)
+    multi = declared(cls).multiworker
     if multi:  # its Train workers are Ray actors: a Ray of this leg's own, as large as the trial needs
         _start_ray(cls, spec["config"])
     storage = _ray.offline_storage(os.path.join(work, "storage"), name)
@@ -273,7 +274,7 @@ def _start_ray(cls: Any, config: dict[str, Any]) -> None:
 
     import ray
 
-    need = getattr(cls, "tunekit_resources", {})
+    need = declared(cls).resources or {}
     workers = int(config.get("workers", need.get("workers", 2)))
     cpus = math.ceil(workers * float(need.get("cpus_per_worker", 1.0))) + 1
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)

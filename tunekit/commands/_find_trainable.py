@@ -17,6 +17,7 @@ from tunekit.checkpoint._directory import read_metadata
 from tunekit.errors import CheckpointError, ConfigError, first_line
 from tunekit.experiment.snapshot import ExperimentSnapshot
 from tunekit.storage._location import Storage
+from tunekit.trial.kind import declared
 
 __all__ = ["alias_moved_packages", "find_trainable", "import_trainable", "project_on_path"]
 
@@ -234,7 +235,7 @@ def _named_as(obj: Any, names: set[str]) -> Any:
     Checkpoints record the training function; ``Tuner.restore`` accepts only a
     trainable of the name the run used, so the wrapper is renamed to it.
     """
-    if len(names) != 1 or not hasattr(obj, "_train_fn") or obj.__name__ in names:
+    if len(names) != 1 or declared(obj).train_fn is None or obj.__name__ in names:
         return obj
     name = next(iter(names))
     return type(name, (obj,), {"__module__": obj.__module__, "_name": name})

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from tunekit.errors import ConfigError
+from tunekit.trial.kind import declared
 
 __all__ = ["CheckReport", "add_parser", "as_trainable_class", "check_resume", "flatten", "parse_config",
            "run_cli"]
@@ -97,7 +98,7 @@ def as_trainable_class(obj: Any, spec: str) -> type:
 
     from tunekit.trial.function import function_trainable
 
-    if getattr(obj, "tunekit_multiworker", False) and not isinstance(obj, type):
+    if declared(obj).multiworker and not isinstance(obj, type):
         raise ConfigError(f"trainable {spec!r}: a multi-worker trial made with train_trial(lockstep=False), whose "
                           "workers run ahead of Tune; tunekit check runs those made with lockstep=True (the "
                           "default) (docs/multiworker.md)")
@@ -139,9 +140,8 @@ def _spec_of(trainable: Any) -> str:
 
     if isinstance(trainable, type):
         spec = trainable_spec(trainable)
-        fn = getattr(trainable, "_train_fn", None)
+        fn = declared(trainable).train_fn
         if fn is not None:  # a function_trainable class: the function is what can be imported
-            fn = getattr(fn, "__func__", fn)
             spec = f"{fn.__module__}:{fn.__qualname__}"
     else:
         spec = f"{getattr(trainable, '__module__', '')}:{getattr(trainable, '__qualname__', '')}"

@@ -116,7 +116,9 @@ def _trainable_spec(trial: Any) -> str | None:
         return None
     if cls is None:
         return None
-    fn = getattr(cls, "_train_fn", None)  # tunekit.function_trainable
+    from tunekit.trial.kind import declared
+
+    fn = declared(cls).train_fn  # tunekit.function_trainable
     if fn is not None:
         return f"{fn.__module__}:{fn.__qualname__}"
     if getattr(cls, "__module__", "").startswith("ray.") and getattr(cls, "_name", None):

@@ -135,11 +135,13 @@ def end_run(timeout_s: float = 60.0) -> None:
     RUN.update(ended=False, pending=None)
 
 
-def lockstep_trainable(trial: Callable[[dict[str, Any]], None], name: str, mixin: type) -> type:
+def lockstep_trainable(trial: Callable[[dict[str, Any]], None], name: str, mixin: type,
+                       resources: dict[str, Any]) -> type:
     """The Tune trainable of a lockstep multi-worker trial: a class (so that Tune accepts
     ``checkpoint_frequency`` and ``checkpoint_at_end``) running ``trial`` as tunekit's function trainables
     do, whose saves are the workers' checkpoints of the iteration Tune saw."""
     from tunekit.trial.function import function_trainable
+    from tunekit.trial.kind import TrainableKind
 
     base = function_trainable(trial, name=name)
 
@@ -153,5 +155,6 @@ def lockstep_trainable(trial: Callable[[dict[str, Any]], None], name: str, mixin
         return lambda directory: write_pointer(directory, path, run.get("name", name), run.get("config", {}),
                                                run.get("fs"), trial_path=run.get("trial_path"))
 
-    return type(name, (mixin, base), {"_elsewhere_writer": _elsewhere_writer, "tunekit_multiworker": True,
+    kind = TrainableKind(train_fn=trial, multiworker=True, resources=resources)
+    return type(name, (mixin, base), {"_elsewhere_writer": _elsewhere_writer, "tunekit_trainable": kind,
                                       "__module__": getattr(trial, "__module__", __name__)})

@@ -32,6 +32,7 @@ from tunekit.multiworker._lockstep import (DECIDE_KEY, ENDED_KEY, GROUP_KEY, LOC
                                            START_KEYS, decide, decisions_actor, end_run, lockstep_trainable, take)
 from tunekit.multiworker._pointer import checkpoint_names, drop_cut_short, write_pointer
 from tunekit.multiworker.session import with_end_handshake
+from tunekit.trial.kind import TrainableKind
 
 __all__ = ["GROUP_KEY", "POINTER_KEY", "START_KEYS", "train_checkpoint_of", "train_trial", "write_pointer"]
 
@@ -125,14 +126,13 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
 
     trial.__name__ = trial.__qualname__ = name
     trial.__module__ = getattr(train_loop_per_worker, "__module__", __name__)
-    trial.tunekit_multiworker = True  # type: ignore[attr-defined]  # (tunekit check says it cannot check it)
+    trial.tunekit_trainable = TrainableKind(multiworker=True)  # type: ignore[attr-defined]  # (tunekit check says it cannot check it)
     from tunekit import _ray
 
     if not lockstep:
         return _ray.with_function_mixin(trial, _StopsTrainRun)
-    cls = lockstep_trainable(trial, name, _StopsTrainRun)
-    cls.tunekit_resources = {"workers": workers, "cpus_per_worker": cpus_per_worker, "use_gpu": use_gpu}
-    return cls
+    return lockstep_trainable(trial, name, _StopsTrainRun,
+                              {"workers": workers, "cpus_per_worker": cpus_per_worker, "use_gpu": use_gpu})
 
 
 def _check_placeable(call: str, workers: int, cpus_per_worker: float, use_gpu: bool) -> None:
@@ -212,7 +212,7 @@ class _StopsTrainRun:
     has none): the stopped trial's CPUs would stay held for good."""
 
     #: What KeepCheckpoints and ``tunekit check`` tell a multi-worker trial's class by.
-    tunekit_multiworker = True
+    tunekit_trainable = TrainableKind(multiworker=True)
 
     def cleanup(self) -> None:
         _stop_train_run()

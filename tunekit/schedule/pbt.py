@@ -42,6 +42,7 @@ from tunekit._checks import integer_at_least
 from tunekit._ray import PBTWithDonorChoice
 from tunekit.errors import ConfigError
 from tunekit.trial.hparams import DEFAULT_MUTABLE
+from tunekit.trial.kind import declared
 
 __all__ = [
     "PBTSetup",
@@ -336,7 +337,7 @@ def pbt_setup(
     unknown = sorted(set(mutations or {}) - mutable)
     if unknown:
         name = getattr(trainable, "__name__", type(trainable).__name__)
-        if hasattr(trainable, "_train_fn"):  # a function_trainable: its mutable= says what it changes
+        if declared(trainable).train_fn is not None:  # a function_trainable: its mutable= says what it changes
             remedy = (f"declare them with function_trainable({name}, mutable=...) (for the framework "
                       "integrations: tunekit.integrations.transformers.MUTABLE or tunekit.integrations.lightning.MUTABLE), "
                       "or list them in allow_rebuild")

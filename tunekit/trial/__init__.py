@@ -20,6 +20,7 @@ _EXPORTS = {
     "tunekit.trial.hparams": (
         "DEFAULT_MUTABLE", "apply_hyperparameters", "changed_hyperparameters", "put_learning_rate"
     ),
+    "tunekit.trial.kind": ("TrainableKind", "declared"),
     "tunekit.trial.reuse": ("ReusableSlot", "reusable", "reusable_key", "reusable_slot"),
     "tunekit.trial.rng": ("capture_rng", "restore_rng", "seed_everything"),
     "tunekit.trial.state": ("Counters", "StateBuffers", "Stateful", "TrainingState", "to_cpu"),

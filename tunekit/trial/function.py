@@ -49,6 +49,7 @@ from ray.tune.result import RESULT_DUPLICATE
 from typing_extensions import override
 
 from tunekit import _ray
+from tunekit.trial.kind import TrainableKind
 from tunekit.trial._checkpointer import TrialCheckpointer, TrialContent
 from tunekit.trial._restoring import align_iteration, raise_failed_clone
 from tunekit.checkpoint._pins import unpinned
@@ -116,7 +117,7 @@ class FunctionSession:
         self.mutable = tuple(mutable)
         adapter = _running_adapter()
         if name is None and adapter is not None:
-            fn = type(adapter)._train_fn
+            fn = type(adapter).tunekit_trainable.train_fn
             name = f"{fn.__module__}:{fn.__qualname__}"
         if name is None:
             name = "function"
@@ -201,7 +202,8 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
     (:func:`tunekit._ray.adopt_function_runner`).
     """
 
-    _train_fn: Callable[[dict[str, Any]], Any]
+    #: What this trainable is: a function trainable, its training function (set by :func:`function_trainable`).
+    tunekit_trainable: TrainableKind
 
     #: The running training function's session, once it made one (it attaches itself).
     _session: FunctionSession | None = None
@@ -222,14 +224,14 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
         trial_id = self.trial_id
         _RUNNING[trial_id] = self
         try:
-            output = type(self)._train_fn(config)
+            output = type(self).tunekit_trainable.train_fn(config)
         finally:
             if _RUNNING.get(trial_id) is self:  # (not a newer worker of its id: a stopped one's thread may end late)
                 del _RUNNING[trial_id]
         if isinstance(output, dict) and output:
             _ray.session_report(output)
         elif self.iteration == 0 and _ray.last_reported(self) is None:  # (nothing reported, nothing restored)
-            fn = type(self)._train_fn
+            fn = type(self).tunekit_trainable.train_fn
             raise ConfigError(f"{fn.__module__}.{fn.__qualname__}: the training function returned without reporting "
                               "anything; report each iteration (FunctionSession.report or tune.report)")
         _ray.session_report({RESULT_DUPLICATE: True})
@@ -387,7 +389,7 @@ def function_trainable(
             "must take exactly one argument, config"
         )
     label = name or getattr(train_fn, "__name__", "function")
-    namespace: dict[str, Any] = {"_train_fn": staticmethod(train_fn), "_name": label, "__module__": __name__}
+    namespace: dict[str, Any] = {"tunekit_trainable": TrainableKind(train_fn), "_name": label, "__module__": __name__}
     if mutable is None:
         mutable = _integration_mutable(train_fn)
     if mutable is not None:
