@@ -180,3 +180,23 @@ def test_an_exploit_of_synchronous_pbt_does_not_explain_the_rows_ray_lost_before
     assert [t.missing_iterations for t in read_experiment(str(exp)).trials] == [[3, 4], [3, 4]]
     with pytest.warns(UserWarning, match="lack result rows"):
         assert load_results(str(exp)).attrs["missing_iterations"] == {"a0000_00000": [3, 4], "b0000_00001": [3, 4]}
+
+
+def test_an_exploit_ray_recorded_before_the_result_that_made_it_explains_the_jump_after_that_result(tmp_path):
+    """Ray's PBT records an exploit's target iteration before it counts the result that made the exploit: a trial
+    whose rows are 1, 2, 7, 8 went on at 7 from a donor's 6 with the exploit recorded at 1. When the clone's own
+    checkpoint was restored after a kill (its row says restored_from its own trial), only the exploit's record
+    explains the jump: nothing is lost. A row beyond the exploit's result (3 here) leaves the jump unexplained."""
+    exp = tmp_path / "exp"
+    for index, rows in enumerate([[1, 1, 2, 7, 8], [1, 2, 3, 7, 8]]):
+        trial_id = f"c0000_{index:05d}"
+        path = exp / f"T_{trial_id}_{index}_lr=0.1"
+        path.mkdir(parents=True)
+        path.joinpath("result.json").write_text("".join(json.dumps(
+            {"trial_id": trial_id, "training_iteration": i, "score": float(i), "config": {"lr": 0.1},
+             "tunekit/restored_from": path.name if i == 7 else None}) + "\n" for i in rows))
+    (exp / "pbt_global.txt").write_text("".join(json.dumps([target, "9", 1, 6, {}, {"lr": 0.2}]) + "\n"
+                                                for target in ("0", "1")))
+    assert [t.missing_iterations for t in read_experiment(str(exp)).trials] == [[], [4, 5, 6]]
+    with pytest.warns(UserWarning, match="lack result rows"):
+        assert load_results(str(exp)).attrs["missing_iterations"] == {"c0000_00001": [4, 5, 6]}

@@ -89,7 +89,9 @@ def lost_iterations(
     as ``tunekit resume --extend`` does) starts after it. Each exploit of the
     trial in ``clones``, ``(its iteration t, the donor checkpoint's iteration s)``,
     explains the iterations ``t+1..s`` it jumped over, where its rows go on at
-    ``s + 1`` or later; its own rows up to ``t`` are still owed. An exploit whose
+    ``s + 1`` or later; its own rows up to ``t`` are still owed. Ray records ``t``
+    before it counts the result that made the exploit, so the row just before the
+    jump may be ``t + 1`` (that result's own). An exploit whose
     ``t`` is not known (``None``: one only the rows record, :func:`restore_clones`)
     explains a whole gap that ends at ``s + 1``. What nothing explains is lost.
 
@@ -97,6 +99,12 @@ def lost_iterations(
     []
     >>> lost_iterations([1, 2, 7, 8], clones=[(3, 6)])
     [3]
+    >>> lost_iterations([1, 2, 7, 8], clones=[(1, 6)])  # (the exploit made at result 2, recorded at 1)
+    []
+    >>> lost_iterations([1, 7, 8], clones=[(1, 6)])
+    []
+    >>> lost_iterations([1, 2, 3, 7, 8], clones=[(1, 6)])  # (3 came after it: not the exploit's result)
+    [4, 5, 6]
     >>> lost_iterations([1, 2, 5], clones=[(4, 4)])  # (synchronous PBT: the donor at the trial's iteration)
     [3, 4]
     >>> lost_iterations([1, 2, 7, 8], clones=[(None, 6)])
@@ -114,7 +122,7 @@ def lost_iterations(
     for k, it in enumerate(ordered):
         if it > previous + 1 and not (k == 0 and continued):
             gap = set(range(previous + 1, it))
-            here = [(t, s) for t, s in known if previous <= t < it and s + 1 <= it]
+            here = [(t, s) for t, s in known if previous - 1 <= t < it and s + 1 <= it]
             for t, s in here:
                 known.remove((t, s))
                 gap -= set(range(t + 1, s + 1))
