@@ -70,9 +70,9 @@ def _requests(record: str) -> list[str]:
         return [f"{e['method']} {e['url'].split('?')[0]}" for e in map(json.loads, filter(str.strip, fh))]
 
 
-def measure(local: str, *, runs: int = 2, out: object = None) -> dict[str, list[tuple[int, float, int]]]:
+def measure(local: str, *, runs: int = 2, out: object = None, show: bool = False) -> dict[str, list[tuple[int, float, int]]]:
     """Upload experiment ``local`` to a fresh moto server and run each reader ``runs`` times; print and return
-    reader -> ``(requests, seconds, exit status)`` for each run."""
+    reader -> ``(requests, seconds, exit status)`` for each run (``show``: and each request of the last run)."""
     import boto3
     import pyarrow.fs as pafs
 
@@ -105,6 +105,9 @@ def measure(local: str, *, runs: int = 2, out: object = None) -> dict[str, list[
                 kinds[request.split()[0]] = kinds.get(request.split()[0], 0) + 1
             print(f"  {reader:14s} run {run + 1}: {len(seen):6d} requests ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}), "
                   f"{seconds:6.2f} s, exit {done.returncode}", file=stream, flush=True)
+            if show and run == runs - 1:
+                for request in seen:
+                    print(f"      {request.replace(endpoint, '')}", file=stream)
             if done.returncode not in (0,):
                 print("    " + (done.stdout + done.stderr).strip().splitlines()[-1][:300], file=stream)
     budget = 50 + trials // 100
@@ -117,10 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("experiment", help="a local experiment directory")
     parser.add_argument("--runs", type=int, default=2, help="runs of each reader (the first status builds the index)")
+    parser.add_argument("--show", action="store_true", help="print each request of each reader's last run")
     args = parser.parse_args(argv)
     if not os.path.isdir(args.experiment):
         parser.error(f"{args.experiment}: not a directory (expected a local experiment)")
-    results = measure(os.path.abspath(args.experiment), runs=args.runs)
+    results = measure(os.path.abspath(args.experiment), runs=args.runs, show=args.show)
     return 0 if all(code == 0 for runs in results.values() for _, _, code in runs) else 1
 
 
