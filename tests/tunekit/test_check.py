@@ -126,5 +126,5 @@ def test_each_trainable_declares_what_it_is():
     assert declared(checked).train_fn is not None and declared(checked).multiworker
     assert dict(declared(checked).resources) == {"workers": 2, "cpus_per_worker": 0.5, "use_gpu": False}
     assert declared(tune_ddp) == TrainableKind(multiworker=True)
-    ahead = train_trial(loop, workers=3, lockstep=False)  # (its workers run ahead of Tune: a class of Ray's)
+    ahead = train_trial(loop, workers=2, cpus_per_worker=0.5, lockstep=False)  # (its workers run ahead of Tune)
     assert declared(ahead).multiworker and declared(ahead).train_fn is None
