@@ -16,13 +16,6 @@ from tunekit.callbacks.steps import CheckpointByStepsTaken
 from tunekit.callbacks.timed import CheckpointByTime
 
 __all__ = [
-    "CheckpointAutopilot",
-    "CheckpointByStepsTaken",
-    "CheckpointByTime",
-    "CheckpointOnImprovement",
-    "CheckpointOnPreemption",
-    "ExperimentRecord",
-    "KeepCheckpoints",
-    "ParquetLogger",
-    "ProgressPrinter",
+    "CheckpointAutopilot", "CheckpointByStepsTaken", "CheckpointByTime", "CheckpointOnImprovement",
+    "CheckpointOnPreemption", "ExperimentRecord", "KeepCheckpoints", "ParquetLogger", "ProgressPrinter"
 ]

@@ -18,11 +18,11 @@ from typing_extensions import override
 from tunekit import _ray
 from tunekit.checkpoint._manifest import MANIFEST_FILE, METADATA_FILE
 from tunekit.experiment._snapshot_model import CheckpointSummary, ranked
-from tunekit.checkpoint._trial_dir import CHECKPOINT_DIR
+from tunekit.checkpoint._trial_dir import CHECKPOINT_DIR, scan
 from tunekit.callbacks.record import TunekitCallback, repair_final_checkpoints
 from tunekit.errors import ConfigError
 from tunekit.checkpoint._layout import TRAIN_DIR
-from tunekit.experiment.retention import Policy, newest_first, selected
+from tunekit.experiment.retention import Policy, TrialCheckpoints, newest_first, plan, selected
 from tunekit.storage import directory_bytes
 from tunekit.table import format_bytes
 from tunekit.trial.kind import declared
@@ -30,9 +30,6 @@ from tunekit.trial.kind import declared
 __all__ = ["KeepCheckpoints"]
 
 logger = logging.getLogger(__name__)
-
-_SETTLED = "\0settled:"  # (a key no trial id is)
-
 
 class KeepCheckpoints(TunekitCallback):
     """A retention policy for the whole experiment, applied as the run goes.
@@ -165,22 +162,19 @@ class KeepCheckpoints(TunekitCallback):
                     self._targets[ckpt.path] = _train_target(ckpt)
         # The selections count only complete checkpoints: one being written, or whose write died, never makes
         # a whole one expendable (it is kept while newer than the newest whole one: ``_needed``). A settled
-        # trial's best compete for ``experiment_best`` under a key no trial has, in the trials' order.
+        # trial's best still compete for ``experiment_best``, in the trials' order.
         complete = {tid: [c for c in cs if self._complete(where[c.uri][1])] for tid, cs in by_trial.items()}
-        settled: dict[str, list[CheckpointSummary]] = {}
+        counted = {trial.trial_id: TrialCheckpoints(complete[trial.trial_id],
+                                                    finished=trial.status == Trial.TERMINATED)
+                   for trial in open_trials}
         for _, _, tid, summary in self._settled_top:
-            settled.setdefault(tid, []).append(summary)
-        ranked_in = {key: cs for _, key, cs in sorted(
-            [(self._order.get(tid, 0), tid, cs) for tid, cs in complete.items()]
-            + [(self._order.get(tid, 0), _SETTLED + tid, cs) for tid, cs in settled.items()],
-            key=lambda entry: entry[0])}
-        chosen = selected(ranked_in, self.policy)
-        keep = {path for path, (trial, _) in where.items()
-                if (trial.trial_id, posixpath.basename(path.rstrip("/"))) in chosen}
-        needed = self._needed(open_trials, by_trial, where, scheduler=None if over else self._scheduler)
-        doomed = [path for path in where if path not in keep and path not in needed]
+            counted.setdefault(tid, TrialCheckpoints([])).checkpoints.append(summary)
+        counted = dict(sorted(counted.items(), key=lambda entry: self._order.get(entry[0], 0)))
+        kept = plan(counted, self.policy, self._needed(open_trials, by_trial, where,
+                                                       scheduler=None if over else self._scheduler))
+        doomed = [path for path in where if path not in kept.keep]
         if self.max_bytes is not None:
-            doomed += self._over_budget(by_trial, where, keep - needed, needed, doomed)
+            doomed += self._over_budget(by_trial, where, kept.keep - kept.needed, kept.needed, doomed)
         self._delete(doomed, where)
         if not over and self.max_bytes is None:
             self._settle(open_trials, by_trial, complete, set(doomed))
@@ -215,7 +209,7 @@ class KeepCheckpoints(TunekitCallback):
             if trial.status != Trial.TERMINATED or len(complete[tid]) != len(by_trial[tid]):
                 continue  # it may go on, or one of its checkpoints is being written (or its write died)
             left = [c for c in complete[tid] if c.uri not in doomed]
-            if not left or selected({tid: left}, own) != {(tid, c.name) for c in left}:
+            if not left or selected({tid: left}, own) != {c.uri for c in left}:
                 continue
             self._settled.add(tid)
             self.settled += 1
@@ -230,20 +224,17 @@ class KeepCheckpoints(TunekitCallback):
 
     def _needed(self, trials: list[Trial], by_trial: dict[str, list[CheckpointSummary]],
                 where: dict[str, tuple[Trial, Any]], *, scheduler: Any) -> set[str]:
-        """What a retry, a resume or the scheduler may still restore, and what is being written."""
+        """What the scheduler or an unfinished trial may still restore, and what is being written."""
         needed: set[str] = set()
         if scheduler is not None:  # (the run over, no scheduler restores anything)
             needed |= _ray.scheduler_checkpoints(scheduler)
         for trial in trials:
-            finished = trial.status == Trial.TERMINATED  # (an errored trial may be retried or resumed)
-            if trial.checkpoint is not None and not finished:
+            if trial.checkpoint is not None and trial.status != Trial.TERMINATED:  # (an errored one may go on)
                 needed.add(trial.checkpoint.path)  # what it restores: its own newest, or a donor's after an exploit
             # Any checkpoint newer than the newest whole one is being written (a finished trial's last one too:
-            # its write goes on after Tune ended the trial); the newest whole one, while the trial may go on.
+            # its write goes on after Tune ended the trial).
             for summary in newest_first(by_trial[trial.trial_id]):
                 if self._complete(where[summary.uri][1]):
-                    if not finished:
-                        needed.add(summary.uri)
                     break
                 needed.add(summary.uri)
         return needed
@@ -398,14 +389,13 @@ def _delete_train_checkpoint(fs: pafs.FileSystem, target: str, trial_dir: str, r
     then ``target`` stays."""
     newest = max((int(m[1]) for p in registered if (m := CHECKPOINT_DIR.match(posixpath.basename(p)))), default=-1)
     strays = []
-    for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
-        match = CHECKPOINT_DIR.match(info.base_name)
-        if not match or info.type != pafs.FileType.Directory or info.path in registered:
+    for entry in scan(fs, trial_dir):
+        if entry.kind != "checkpoint" or entry.path in registered:
             continue
-        if _train_target(tune.Checkpoint(info.path, filesystem=fs)) == target:
-            if int(match[1]) > newest:
+        if _train_target(tune.Checkpoint(entry.path, filesystem=fs)) == target:
+            if entry.index > newest:
                 return
-            strays.append(info.path)
+            strays.append(entry.path)
     for stray in strays:
         _delete_dir(fs, stray)
     _delete_dir(fs, target)

@@ -337,3 +337,50 @@ def test_every_package_is_installed():
     listed = re.search(r"^packages =\n((?:    .+\n)+)", (ROOT / "setup.cfg").read_text(), flags=re.M).group(1).split()
     found = {name for name, path in MODULES if path.name == "__init__.py"}
     assert sorted(found) == sorted(listed)
+
+
+#: Module-level state a module changes, each with why it belongs to the process, not to an object.
+MODULE_STATE = {
+    ("tunekit.trial.function", "_RUNNING"): "the function trainable each training function runs in, by trial id",
+    ("tunekit.trial.reuse", "_slots"): "objects kept across the trials one worker process runs (reusable())",
+    ("tunekit.multiworker.session", "_CURRENT"): "the one WorkerSession of a Train worker process",
+    ("tunekit.multiworker._parts", "_STAGES_AGAIN"): "a fact about the installed torch, found once",
+    ("tunekit.integrations.lightning", "_CALLBACKS"): "Lightning callback classes made once per process",
+    ("tunekit.integrations.transformers", "_CALLBACKS"): "Trainer callback classes made once per process",
+    ("tunekit.callbacks.record", "_INDEX_CHECKED"): "trials whose index this driver compared once",
+    ("tunekit.experiment.record", "_RUNS"): "the driver's runs being recorded, by their trial list",
+    ("tunekit.checkpoint._announced", "_REGISTERED_UNWRITTEN"): "unwritten checkpoints this process was asked for",
+    ("tunekit.trial._restoring", "_FOREIGN_NOTED"): "foreign checkpoints this process has warned about once",
+}
+_MUTATORS = {"add", "append", "appendleft", "clear", "discard", "extend", "pop", "popitem", "popleft", "remove",
+             "setdefault", "update"}
+
+
+def _mutated_module_state(path: Path) -> set[str]:
+    """Names bound at ``path``'s top to a dict, list, set or deque that the module changes."""
+    tree = ast.parse(path.read_text())
+    bound = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        value = getattr(node, "value", None)
+        if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)) or (
+                isinstance(value, ast.Call) and getattr(value.func, "attr", getattr(value.func, "id", None))
+                in ("dict", "list", "set", "deque", "defaultdict", "OrderedDict")):
+            bound |= {t.id for t in targets if isinstance(t, ast.Name) and t.id != "__all__"}
+    changed = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)) \
+                and isinstance(node.value, ast.Name):
+            changed.add(node.value.id)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS \
+                and isinstance(node.func.value, ast.Name):
+            changed.add(node.func.value.id)
+    return bound & changed
+
+
+def test_no_module_changes_state_of_its_own_but_the_named_ones():
+    """State a module keeps at its top and changes belongs to an object (a trial's run, a callback), unless it
+    is the process's by nature: those are named in MODULE_STATE, with why."""
+    found = sorted(f"{name}.{var}" for name, path in MODULES for var in _mutated_module_state(path)
+                   if (name, var) not in MODULE_STATE)
+    assert not found, f"module-level state a module changes (own it by an object, or name it in MODULE_STATE): {found}"

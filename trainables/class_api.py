@@ -10,13 +10,7 @@ from ray.tune.result import SHOULD_CHECKPOINT
 
 from tunekit import TorchTrainable, TrainingState, load_model, read_metadata
 from tunekit.trainables.digits import (
-    DEFAULTS,
-    DigitsData,
-    build_digits_state,
-    digits_model,
-    digits_on_device,
-    evaluate,
-    train_steps,
+    DEFAULTS, DigitsData, build_digits_state, digits_model, digits_on_device, evaluate, train_steps
 )
 
 __all__ = ["DigitsTrainable"]

@@ -14,14 +14,8 @@ from tunekit import ShuffledBatches, TrainingState
 from tunekit._checks import integer_at_least, number_at_least
 
 __all__ = [
-    "DEFAULTS",
-    "DigitsData",
-    "build_digits_state",
-    "digits_model",
-    "digits_on_device",
-    "evaluate",
-    "load_digits_data",
-    "train_steps",
+    "DEFAULTS", "DigitsData", "build_digits_state", "digits_model", "digits_on_device", "evaluate",
+    "load_digits_data", "train_steps"
 ]
 
 #: Default hyperparameters of the digits trainables.

@@ -13,15 +13,8 @@ from typing import Any
 from tunekit.errors import ConfigError
 
 __all__ = [
-    "SCOPES",
-    "UsageError",
-    "as_number",
-    "check_mode",
-    "check_scope",
-    "integer_at_least",
-    "is_number",
-    "number_at_least",
-    "positive_number",
+    "SCOPES", "UsageError", "as_number", "check_mode", "check_scope", "integer_at_least", "is_number",
+    "number_at_least", "positive_number"
 ]
 
 

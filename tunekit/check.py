@@ -1,7 +1,3 @@
-"""``tunekit.check``, the import path the docs show: an alias of :mod:`tunekit.commands.check`.
-"""
-
-from __future__ import annotations
-
+"""``tunekit.check``, the import path the docs show: an alias of :mod:`tunekit.commands.check`."""
 from tunekit.commands.check import *  # noqa: F401,F403
 from tunekit.commands.check import __all__  # noqa: F401

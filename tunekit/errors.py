@@ -8,13 +8,8 @@ what is expected.
 from __future__ import annotations
 
 __all__ = [
-    "CheckpointError",
-    "ConfigError",
-    "ConfigTypeError",
-    "ExperimentError",
-    "StorageError",
-    "TunekitError",
-    "first_line",
+    "CheckpointError", "ConfigError", "ConfigTypeError", "ExperimentError", "StorageError", "TunekitError",
+    "first_line"
 ]
 
 

@@ -1,7 +1,3 @@
-"""``tunekit.loading``, the import path the docs show: an alias of :mod:`tunekit.checkpoint.loading`.
-"""
-
-from __future__ import annotations
-
+"""``tunekit.loading``, the import path the docs show: an alias of :mod:`tunekit.checkpoint.loading`."""
 from tunekit.checkpoint.loading import *  # noqa: F401,F403
 from tunekit.checkpoint.loading import __all__  # noqa: F401

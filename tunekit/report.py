@@ -1,7 +1,3 @@
-"""``tunekit.report``, the import path the docs show: an alias of :mod:`tunekit.analysis.report`.
-"""
-
-from __future__ import annotations
-
+"""``tunekit.report``, the import path the docs show: an alias of :mod:`tunekit.analysis.report`."""
 from tunekit.analysis.report import *  # noqa: F401,F403
 from tunekit.analysis.report import __all__  # noqa: F401

@@ -1,7 +1,3 @@
-"""``tunekit.schedulers``, the import path the docs show: an alias of :mod:`tunekit.schedule.schedulers`.
-"""
-
-from __future__ import annotations
-
+"""``tunekit.schedulers``, the import path the docs show: an alias of :mod:`tunekit.schedule.schedulers`."""
 from tunekit.schedule.schedulers import *  # noqa: F401,F403
 from tunekit.schedule.schedulers import __all__  # noqa: F401

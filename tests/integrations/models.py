@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 import tunekit
+from tunekit.integrations import lightning as tk_lightning
 
 
 DONE = 10**6
@@ -89,8 +90,6 @@ def train_lightning(config: dict[str, Any]) -> None:
     """A Lightning run as users write it, with tunekit's fit in place of trainer.fit."""
     import importlib
 
-    from tunekit.integrations import lightning as tk_lightning
-
     package = config.get("package", "lightning.pytorch")  # or "pytorch_lightning", as Ray's docs import it
     pl = importlib.import_module(package)
     tunekit.seed_everything(config.get("seed", 0))
@@ -103,7 +102,7 @@ def train_lightning(config: dict[str, Any]) -> None:
                      every_n_steps=config.get("every_n_steps"))
 
 
-TrainLightning = tunekit.function_trainable(train_lightning, name="TrainLightning")
+TrainLightning = tunekit.function_trainable(train_lightning, name="TrainLightning", mutable=tk_lightning.MUTABLE)
 
 
 class TokenData(torch.utils.data.Dataset):

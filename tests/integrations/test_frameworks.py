@@ -296,7 +296,7 @@ def test_transformers_iterations_between_two_logs_report_the_latest_loss(ray_ses
 
 
 def test_the_integrations_mutables_are_what_pbt_setup_accepts():
-    """A training function that calls an integration may be mutated in what that integration applies, only."""
+    """A training function that declares an integration's MUTABLE may be mutated in what that integration applies, only."""
     from ray import tune as _tune
 
     from tests.integrations.models import train_lightning, train_transformers
@@ -306,10 +306,14 @@ def test_the_integrations_mutables_are_what_pbt_setup_accepts():
     from tunekit.integrations import lightning as tk_lightning
     from tunekit.integrations import transformers as tk_transformers
 
-    lightning_trial = function_trainable(train_lightning)  # no mutable= given: the integration's
-    hf_trial = function_trainable(train_transformers)
+    lightning_trial = function_trainable(train_lightning, mutable=tk_lightning.MUTABLE)
+    hf_trial = function_trainable(train_transformers, mutable=tk_transformers.MUTABLE)
     assert lightning_trial.mutable() == tuple(tk_lightning.MUTABLE)
     assert hf_trial.mutable() == tuple(tk_transformers.MUTABLE)
+    with pytest.raises(ConfigError, match=r"cannot change \['learning_rate'\] in place.*mutable=\.\.\..*"
+                                          r"tunekit\.integrations\.transformers\.MUTABLE"):
+        pbt_setup(function_trainable(train_transformers), metric="loss", mode="min", perturbation_interval=1,
+                  mutations={"learning_rate": _tune.loguniform(1e-4, 1e-2)})  # undeclared: the default's four
     pbt_setup(hf_trial, metric="loss", mode="min", perturbation_interval=1,
               mutations={"learning_rate": _tune.loguniform(1e-4, 1e-2)})
     with pytest.raises(ConfigError, match=r"cannot change \['batch_size'\] in place.*function_trainable\("

@@ -13,12 +13,8 @@ import warnings
 from typing import Callable
 
 __all__ = [
-    "RAY_NOTICES",
-    "RAY_SYNC_FAILURE",
-    "RAY_WARNINGS",
-    "drop_color_reset_at_exit",
-    "quiet_ray_notices",
-    "quiet_tune_banner",
+    "RAY_NOTICES", "RAY_SYNC_FAILURE", "RAY_WARNINGS", "drop_color_reset_at_exit", "quiet_ray_notices",
+    "quiet_tune_banner"
 ]
 
 

@@ -23,13 +23,8 @@ from typing_extensions import override
 from tunekit._keys import SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
 
 __all__ = [
-    "PBTWithDonorChoice",
-    "clone_in_place",
-    "finish_next_save_in_place",
-    "note_saves",
-    "pin_donor_checkpoint",
-    "supports_clone",
-    "synchronous_saves",
+    "PBTWithDonorChoice", "clone_in_place", "finish_next_save_in_place", "note_saves", "pin_donor_checkpoint",
+    "supports_clone", "synchronous_saves"
 ]
 
 

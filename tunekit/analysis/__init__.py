@@ -3,8 +3,6 @@
 Owns: every result of every trial in one pandas DataFrame, best trial and model, PBT lineage, what ``tunekit
 status`` prints, ``tunekit report`` (HTML and plots) and the TensorBoard export. May import: ``tunekit.schedule``
 and the layers below it; imports neither Ray nor torch until a model is loaded.
-
-Tested in ``tests/tunekit/test_analysis.py`` and ``tests/tunekit/test_report.py``.
 """
 
 from __future__ import annotations

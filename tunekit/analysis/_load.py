@@ -32,13 +32,7 @@ from tunekit.storage._location import Storage, resolve_storage
 from tunekit.table import RESULTS_DIR
 
 __all__ = [
-    "BestTrial",
-    "Lineage",
-    "best_checkpoint",
-    "best_trial",
-    "load_best_model",
-    "load_results",
-    "pbt_lineage",
+    "BestTrial", "Lineage", "best_checkpoint", "best_trial", "load_best_model", "load_results", "pbt_lineage"
 ]
 
 logger = logging.getLogger(__name__)

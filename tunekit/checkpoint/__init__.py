@@ -6,8 +6,6 @@ pinned, damaged) and one scan of them; announcements, PBT pins, durability (fsyn
 open uploads; multi-worker rank parts; the trials and checkpoints of an experiment directory; whole states and
 models loaded from a checkpoint (:mod:`tunekit.checkpoint.loading`). May import: ``tunekit.storage`` and the
 top-level modules. Neither Ray nor torch is imported until a state is read or written.
-
-Tested in ``tests/tunekit/test_integrity.py`` and ``tests/tunekit/test_two_phase.py``.
 """
 
 from __future__ import annotations

@@ -22,14 +22,8 @@ from tunekit.checkpoint._manifest import MANIFEST_FILE
 from tunekit.checkpoint._trial_dir import CHECKPOINT_DIR, KEPT_COPY, STAGING, checkpoint_name_of, staging_dirs, writer_alive
 
 __all__ = [
-    "INDEX_FILE",
-    "announce",
-    "claim_index",
-    "drop_unregistered",
-    "highest_index",
-    "is_announced_only",
-    "newest_complete_instead",
-    "registered_unwritten",
+    "INDEX_FILE", "announce", "claim_index", "drop_unregistered", "highest_index", "is_announced_only",
+    "newest_complete_instead", "registered_unwritten"
 ]
 
 #: The trial's highest checkpoint index announced so far (a decimal number).

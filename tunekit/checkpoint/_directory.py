@@ -53,28 +53,10 @@ import pyarrow.fs as pafs
 
 from tunekit.checkpoint import _faults
 from tunekit.checkpoint._manifest import (
-    MANIFEST_FILE,
-    MANIFEST_FORMAT,
-    METADATA_FILE,
-    STATE_FILE,
-    WRITTEN_HASH,
-    CheckpointLocation,
-    CheckpointReport,
-    UnsupportedManifest,
-    confirm_upload,
-    digest_bytes,
-    hash_file,
-    is_foreign_checkpoint,
-    is_tunekit_checkpoint,
-    json_safe,
-    locate,
-    manifest_bytes,
-    manifest_version,
-    new_hash,
-    read_metadata,
-    unsupported_format,
-    verify_checkpoint,
-    verify_directory,
+    MANIFEST_FILE, MANIFEST_FORMAT, METADATA_FILE, STATE_FILE, WRITTEN_HASH, CheckpointLocation, CheckpointReport,
+    UnsupportedManifest, confirm_upload, digest_bytes, hash_file, is_foreign_checkpoint, is_tunekit_checkpoint,
+    json_safe, locate, manifest_bytes, manifest_version, new_hash, read_metadata, unsupported_format,
+    verify_checkpoint, verify_directory
 )
 from tunekit.errors import CheckpointError, first_line
 from tunekit.storage._location import storage_errors
@@ -86,24 +68,10 @@ if TYPE_CHECKING:
 # readers (status, verify, report) use this module without either.
 
 __all__ = [
-    "CheckpointLocation",
-    "CheckpointReport",
-    "MANIFEST_FILE",
-    "MANIFEST_FORMAT",
-    "METADATA_FILE",
-    "STATE_FILE",
-    "UnsupportedManifest",
-    "confirm_upload",
-    "fsync_paths",
-    "is_foreign_checkpoint",
-    "is_tunekit_checkpoint",
-    "local_checkpoint",
-    "manifest_version",
-    "read_metadata",
-    "read_state",
-    "unsupported_format",
-    "verify_checkpoint",
-    "write_checkpoint",
+    "CheckpointLocation", "CheckpointReport", "MANIFEST_FILE", "MANIFEST_FORMAT", "METADATA_FILE", "STATE_FILE",
+    "UnsupportedManifest", "confirm_upload", "fsync_paths", "is_foreign_checkpoint", "is_tunekit_checkpoint",
+    "local_checkpoint", "manifest_version", "read_metadata", "read_state", "unsupported_format",
+    "verify_checkpoint", "write_checkpoint"
 ]
 
 

@@ -28,15 +28,8 @@ from tunekit.errors import CheckpointError
 from tunekit.storage._location import Storage
 
 __all__ = [
-    "PIN_RECORD",
-    "adopt_pin",
-    "adopted_pin",
-    "cloned_from",
-    "is_pinned",
-    "pin_checkpoint",
-    "release_adopted_pin",
-    "remove_pin",
-    "unpinned",
+    "PIN_RECORD", "adopt_pin", "adopted_pin", "cloned_from", "is_pinned", "pin_checkpoint", "release_adopted_pin",
+    "remove_pin", "unpinned"
 ]
 
 #: The PBT donor's pin a trial restored from, until the trial has a complete checkpoint of its own after it.

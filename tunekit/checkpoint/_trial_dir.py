@@ -44,6 +44,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import pyarrow.fs as pafs
 
@@ -52,32 +53,16 @@ from tunekit.checkpoint._manifest import MANIFEST_FILE
 from tunekit.errors import CheckpointError
 
 __all__ = [
-    "CHECKPOINT_DIR",
-    "DAMAGED_COPY",
-    "KEPT_COPY",
-    "PARTIAL",
-    "PINNED_COPY",
-    "STAGING",
-    "await_write",
-    "checkpoint_name_of",
-    "damaged_name",
-    "has_hidden_checkpoints",
-    "keep_newest_complete",
-    "kept_name",
-    "leftovers",
-    "link_tree",
-    "restorable_checkpoints",
-    "stage_checkpoint",
-    "staging_dirs",
-    "tidy",
-    "writer_alive",
-    "writer_id",
+    "CHECKPOINT_DIR", "DAMAGED_COPY", "Entry", "KEPT_COPY", "PARTIAL", "PINNED_COPY", "STAGING", "await_write",
+    "checkpoint_name_of", "damaged_name", "has_hidden_checkpoints", "keep_newest_complete", "kept_name",
+    "leftovers", "link_tree", "restorable_checkpoints", "scan", "stage_checkpoint", "staging_dirs", "tidy",
+    "writer_alive", "writer_id"
 ]
 
 #: Ray Tune's name for a trial's checkpoint directories; group 1 is the index.
-CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
+CHECKPOINT_DIR = re.compile(r"^checkpoint_(?P<index>\d+)$")
 #: A copy of a damaged checkpoint that ``tunekit resume`` kept out of Ray's retention.
-DAMAGED_COPY = re.compile(r"^\.checkpoint_(\d+)\.damaged$")
+DAMAGED_COPY = re.compile(r"^\.checkpoint_(?P<index>\d+)\.damaged$")
 
 
 def kept_name(checkpoint: str) -> str:
@@ -105,24 +90,59 @@ def checkpoint_name_of(name: str) -> str | None:
     return None
 
 
+class Entry(NamedTuple):
+    """One checkpoint directory of a trial's, as :func:`scan` names it."""
+
+    name: str
+    path: str
+    #: "checkpoint" (Ray's ``checkpoint_N``), "kept", "pinned", "damaged", "writing" or "interrupted".
+    kind: str
+    #: The ``N`` of the checkpoint it stands for.
+    index: int
+
+
+def scan(fs: pafs.FileSystem, trial_dir: str) -> list[Entry]:
+    """Every checkpoint directory of ``trial_dir``, typed, in one listing (none if it is missing).
+
+    "kept": a complete checkpoint kept while a newer one was written; "pinned": a checkpoint pinned for a PBT
+    clone that has not read it yet (a paused trial's: its resume reads it); "damaged": a damaged checkpoint's
+    copy that ``tunekit resume`` kept; "writing": a staging directory whose writer is alive; "interrupted":
+    one whose writer is gone (killed in the middle of the write).
+    """
+    out = []
+    for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
+        name = info.base_name
+        if info.type != pafs.FileType.Directory:
+            continue
+        for kind, pattern in _KINDS:
+            if m := pattern.match(name):
+                if kind == "staging":
+                    local = isinstance(fs, pafs.LocalFileSystem)
+                    live = local and m["pid"] is not None and writer_alive(m["host"], int(m["pid"]))
+                    kind = "writing" if live else "interrupted"
+                out.append(Entry(name, info.path, kind, int(m["index"])))
+                break
+    return out
+
+
 def restorable_checkpoints(fs: pafs.FileSystem, trial_dir: str, wanted: Callable[[int], bool]) -> list[tuple[int, str]]:
     """The checkpoint directories and kept copies in ``trial_dir`` whose index ``wanted`` accepts, in one
     listing: ``(index, path)`` each, newest first, a real directory before the kept copy of its index."""
-    found = []
-    for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
-        match = CHECKPOINT_DIR.match(info.base_name) or KEPT_COPY.match(info.base_name)
-        if match and info.type == pafs.FileType.Directory and wanted(int(match[1])):
-            found.append((int(match[1]), not info.base_name.startswith("."), info.path))
+    found = [(e.index, e.kind == "checkpoint", e.path) for e in scan(fs, trial_dir)
+             if e.kind in ("checkpoint", "kept") and wanted(e.index)]
     return [(index, path) for index, _, path in sorted(found, reverse=True)]
 
 
 PARTIAL = ".partial-"
 #: A checkpoint's staging directory: ``.checkpoint_N.partial-HOST-PID-XXXX`` (older tunekits: no HOST-PID).
-STAGING = re.compile(r"^\.(checkpoint_\d+)\.partial-(?:(?P<host>.+)-(?P<pid>\d+)-)?[^-]*$")
+STAGING = re.compile(r"^\.(checkpoint_(?P<index>\d+))\.partial-(?:(?P<host>.+)-(?P<pid>\d+)-)?[^-]*$")
 #: A complete checkpoint kept (hard links) while a newer one is written.
-KEPT_COPY = re.compile(r"^\.checkpoint_(\d+)\.kept$")
+KEPT_COPY = re.compile(r"^\.checkpoint_(?P<index>\d+)\.kept$")
 #: A donor's checkpoint pinned for a PBT clone that has not read it yet (hard links or a copy).
-PINNED_COPY = re.compile(r"^\.(checkpoint_(\d+))\.pin-[0-9a-f]+$")
+PINNED_COPY = re.compile(r"^\.(checkpoint_(?P<index>\d+))\.pin-[0-9a-f]+$")
+#: How :func:`scan` types a directory by its name.
+_KINDS = (("checkpoint", CHECKPOINT_DIR), ("kept", KEPT_COPY), ("pinned", PINNED_COPY), ("damaged", DAMAGED_COPY),
+          ("staging", STAGING))
 
 
 def writer_id() -> str:
@@ -166,31 +186,8 @@ def staging_dirs(parent: str) -> list[tuple[str, str | None, int]]:
 
 
 def leftovers(fs: pafs.FileSystem, trial_dir: str) -> list[tuple[str, str]]:
-    """Hidden checkpoint directories of a trial: ``(name, kind)``, kind "kept", "pinned", "damaged",
-    "writing" or "interrupted".
-
-    "kept": a complete checkpoint kept while a newer one was written;
-    "pinned": a checkpoint pinned for a PBT clone that has not read it yet
-    (a paused trial's: its resume reads it);
-    "damaged": a damaged checkpoint's copy that ``tunekit resume`` kept;
-    "writing": a staging directory whose writer is alive; "interrupted": one
-    whose writer is gone (killed in the middle of the write).
-    """
-    out = []
-    for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
-        if info.type != pafs.FileType.Directory:
-            continue
-        if KEPT_COPY.match(info.base_name):
-            out.append((info.base_name, "kept"))
-        elif PINNED_COPY.match(info.base_name):
-            out.append((info.base_name, "pinned"))
-        elif DAMAGED_COPY.match(info.base_name):
-            out.append((info.base_name, "damaged"))
-        elif m := STAGING.match(info.base_name):
-            local = isinstance(fs, pafs.LocalFileSystem)
-            live = local and m["pid"] is not None and writer_alive(m["host"], int(m["pid"]))
-            out.append((info.base_name, "writing" if live else "interrupted"))
-    return sorted(out)
+    """Hidden checkpoint directories of a trial: ``(name, kind)`` (every kind :func:`scan` names but Ray's)."""
+    return sorted((e.name, e.kind) for e in scan(fs, trial_dir) if e.kind != "checkpoint")
 
 
 def stage_checkpoint(final: str) -> str:

@@ -5,8 +5,6 @@ Owns: what each verb prints and its exit code; finding an experiment's trainable
 starting Ray for a command (a local one of its own unless an address is named); resuming an experiment
 around Ray's own files; ``tunekit check``'s runs. ``tunekit.cli`` only parses and calls these. May import:
 every layer below it (``quickstart`` also runs ``tunekit.trainables``' reference sweep).
-
-Tested in ``tests/tunekit/test_resume.py`` and ``tests/tunekit/test_check.py``.
 """
 
 from __future__ import annotations

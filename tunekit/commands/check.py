@@ -98,7 +98,7 @@ def as_trainable_class(obj: Any, spec: str) -> type:
 
     from tunekit.trial.function import function_trainable
 
-    if declared(obj).multiworker and not isinstance(obj, type):
+    if declared(obj).multiworker and declared(obj).train_fn is None:  # (lockstep: a function trainable of its own)
         raise ConfigError(f"trainable {spec!r}: a multi-worker trial made with train_trial(lockstep=False), whose "
                           "workers run ahead of Tune; tunekit check runs those made with lockstep=True (the "
                           "default) (docs/multiworker.md)")

@@ -53,13 +53,8 @@ from tunekit.checkpoint._layout import root_files
 from tunekit.storage._location import Storage, resolve_storage
 
 __all__ = [
-    "ResumeSummary",
-    "find_trainable",
-    "import_trainable",
-    "keep_pbt_log",
-    "newest_good",
-    "resume_command",
-    "resume_experiment",
+    "ResumeSummary", "find_trainable", "import_trainable", "keep_pbt_log", "newest_good", "resume_command",
+    "resume_experiment"
 ]
 
 

@@ -5,8 +5,6 @@ without unpickling), Ray's files read as data, the readers' index, tunekit's own
 experiment's lease, retention planning, ``verify`` and ``gc``. May import: ``tunekit.trial``,
 ``tunekit.checkpoint``, ``tunekit.storage``, ``tunekit._ray`` and the top-level modules; the readers
 import neither Ray nor torch.
-
-Tested in ``tests/tunekit/test_read_model.py`` and ``tests/tunekit/test_snapshot.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ _EXPORTS = {
         "dedupe_lineage", "exploits_by_trial", "format_ranges", "lost_iterations", "missing_iterations",
         "parse_result_lines", "restore_clones", "rows_lost"
     ),
-    "tunekit.experiment.retention": ("Policy", "newest_first", "selected"),
+    "tunekit.experiment.retention": ("Plan", "Policy", "TrialCheckpoints", "newest_first", "plan", "selected"),
     "tunekit.experiment.snapshot": (
         "BestCheckpoint", "CheckpointSummary", "ExperimentSnapshot", "Exploit", "PBT_LOG", "RAY_KEYS",
         "TrialSnapshot", "check_storage", "error_message", "format_counts", "ranked", "read_experiment",

@@ -21,14 +21,8 @@ from tunekit._keys import RESTORED_FROM_KEY
 INTERRUPTED = "interrupted"
 
 __all__ = [
-    "BestCheckpoint",
-    "CheckpointSummary",
-    "ExperimentSnapshot",
-    "Exploit",
-    "RAY_KEYS",
-    "TrialSnapshot",
-    "format_counts",
-    "ranked",
+    "BestCheckpoint", "CheckpointSummary", "ExperimentSnapshot", "Exploit", "RAY_KEYS", "TrialSnapshot",
+    "format_counts", "ranked"
 ]
 
 #: What Ray Tune (and tunekit) add to every result: bookkeeping, not metrics.

@@ -33,7 +33,7 @@ from tunekit.experiment._snapshot_model import INTERRUPTED, CheckpointSummary
 from tunekit.errors import CheckpointError, ConfigError, ExperimentError, first_line
 from tunekit.checkpoint._layout import POINTER_KEY, TRAIN_DIR, checkpoint_bytes, pointer_target
 from tunekit.experiment.record import driver_running, read_record
-from tunekit.experiment.retention import Policy, newest_first, selected
+from tunekit.experiment.retention import Policy, TrialCheckpoints, plan as retention_plan
 from tunekit.experiment.snapshot import ExperimentSnapshot, read_experiment
 from tunekit.storage._location import Storage, directory_bytes, resolve_storage
 from tunekit.table import format_bytes
@@ -144,9 +144,7 @@ def plan_gc(
     if policy.metric and (policy.experiment_best or policy.trial_best):
         snapshot.check_metric("--metric", policy.metric)
     damaged = _damaged(snapshot) if policy.selects or leftovers else {}
-    keep = _kept(snapshot, policy, damaged) if policy.selects else None
-    if keep is not None:
-        keep |= _train_kept(experiment, snapshot, keep)
+    keep = _kept(experiment, snapshot, policy, damaged) if policy.selects else None
     plan = GcPlan(experiment.uri, **(_open_uploads(experiment) if leftovers else {}))
     fs = experiment.filesystem
     sizes = checkpoint_bytes(experiment)
@@ -163,7 +161,7 @@ def plan_gc(
             elif ckpt.uri in damaged:  # never counted, never deleted: shown, for the user to look at
                 plan.damaged.append(f"{trial.name}/{ckpt.name}: {damaged[ckpt.uri]}")
                 plan.kept_bytes += size
-            elif keep is None or (trial.name, ckpt.name) in keep:
+            elif keep is None or ckpt.uri in keep:
                 kept.append(ckpt.name)
                 plan.kept_bytes += size
             else:
@@ -203,21 +201,13 @@ def _damaged(snapshot: ExperimentSnapshot) -> dict[str, str]:
     return out
 
 
-def _kept(snapshot: ExperimentSnapshot, policy: Policy, damaged: dict[str, str]) -> set[tuple[str, str]]:
-    """(trial directory, checkpoint) pairs the selections keep, with what resume needs.
-
-    The selections count only checkpoints that verify: a damaged newest one
-    never makes the good one before it expendable (``--trial-latest 1`` keeps
-    the newest that verifies).
-    """
-    good = {t.name: [c for c in t.checkpoints if c.uri not in damaged and not _is_train(c)] for t in snapshot.trials}
-    keep = selected(good, policy)
-    for trial in snapshot.trials:
-        if trial.status != "TERMINATED":  # resume continues it from its newest checkpoint that verifies
-            newest = next(iter(newest_first(good[trial.name])), None)
-            if newest is not None:
-                keep.add((trial.name, newest.name))
-    return keep
+def _kept(experiment: Storage, snapshot: ExperimentSnapshot, policy: Policy, damaged: dict[str, str]) -> set[str]:
+    """URIs of the checkpoints to keep: the retention plan over the checkpoints that verify (a damaged newest
+    never makes the good one before it expendable), and the Train checkpoints those point at."""
+    good = {t.name: TrialCheckpoints([c for c in t.checkpoints if c.uri not in damaged and not _is_train(c)],
+                                     finished=t.status == "TERMINATED") for t in snapshot.trials}
+    keep = set(retention_plan(good, policy).keep)
+    return keep | _train_kept(experiment, snapshot, keep)
 
 
 def _is_train(checkpoint: CheckpointSummary) -> bool:
@@ -225,17 +215,17 @@ def _is_train(checkpoint: CheckpointSummary) -> bool:
     return checkpoint.name.startswith(f"{TRAIN_DIR}/")
 
 
-def _train_kept(experiment: Storage, snapshot: ExperimentSnapshot, keep: set[tuple[str, str]]) -> set[tuple[str, str]]:
-    """The Train checkpoints to keep: those a kept Tune checkpoint points at (any trial's), and each trial's
-    newest (Train restarts its worker group from it). Nothing when no trial has Train checkpoints."""
+def _train_kept(experiment: Storage, snapshot: ExperimentSnapshot, keep: set[str]) -> set[str]:
+    """The Train checkpoints to keep (URIs): those a kept Tune checkpoint points at (any trial's), and each
+    trial's newest (Train restarts its worker group from it). Nothing when no trial has Train checkpoints."""
     trains = {t.name: [c for c in t.checkpoints if _is_train(c)] for t in snapshot.trials}
     if not any(trains.values()):
         return set()
-    out = {(name, cs[-1].name) for name, cs in trains.items() if cs}  # (oldest first: named by time)
-    root = experiment.path.rstrip("/") + "/"
+    out = {cs[-1].uri for cs in trains.values() if cs}  # (oldest first: named by time)
+    by_path = {experiment.join(name, c.name).path.rstrip("/"): c.uri for name, cs in trains.items() for c in cs}
     for trial in snapshot.trials:
         for ckpt in trial.checkpoints:
-            if (trial.name, ckpt.name) not in keep or _is_train(ckpt):
+            if ckpt.uri not in keep or _is_train(ckpt):
                 continue
             where = experiment.join(trial.name, ckpt.name)
             try:
@@ -243,9 +233,8 @@ def _train_kept(experiment: Storage, snapshot: ExperimentSnapshot, keep: set[tup
             except CheckpointError:
                 continue  # (damaged ones are shown as damage and kept)
             target = pointer_target(experiment.filesystem, where.path, value) if isinstance(value, str) else None
-            if isinstance(target, str) and target.startswith(root):  # (another storage_path: not ours to judge)
-                owner, _, rest = target[len(root):].rstrip("/").partition("/")
-                out.add((owner, rest))
+            if isinstance(target, str) and target.rstrip("/") in by_path:  # (another storage_path: not ours)
+                out.add(by_path[target.rstrip("/")])
     return out
 
 

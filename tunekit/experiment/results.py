@@ -17,14 +17,8 @@ from typing import Any
 from tunekit.storage._files import loads
 
 __all__ = [
-    "dedupe_lineage",
-    "exploits_by_trial",
-    "format_ranges",
-    "lost_iterations",
-    "missing_iterations",
-    "parse_result_lines",
-    "restore_clones",
-    "rows_lost",
+    "dedupe_lineage", "exploits_by_trial", "format_ranges", "lost_iterations", "missing_iterations",
+    "parse_result_lines", "restore_clones", "rows_lost"
 ]
 
 def parse_result_lines(text: str) -> tuple[list[dict[str, Any]], int]:

@@ -1,22 +1,26 @@
-"""Which checkpoints a retention policy keeps: one decision for ``tunekit gc`` and the ``KeepCheckpoints`` callback.
+"""Which checkpoints a retention policy keeps: the one planner of ``tunekit gc`` and the ``KeepCheckpoints`` callback.
 
-The checkpoints kept are the union of three selections (as Determined's GC
-policy): the ``experiment_best`` best of the whole experiment, the
-``trial_best`` best of each trial (by ``metric`` in ``mode``), and the
-``trial_latest`` newest of each trial. What a resume or a scheduler still
-needs is added by the caller, who knows it: ``tunekit gc`` from the
-experiment's files, the callback from the running trials and scheduler.
+:func:`plan` is a pure function of the trials' checkpoints, the policy and what
+the caller knows is still needed. The checkpoints kept are the union of three
+selections (as Determined's GC policy): the ``experiment_best`` best of the
+whole experiment, the ``trial_best`` best of each trial (by ``metric`` in
+``mode``), and the ``trial_latest`` newest of each trial; and, whatever the
+selections, the newest checkpoint of each unfinished trial (what a retry or
+``tunekit resume`` restores) and what the caller names as needed: the callback
+what the scheduler may restore and what is being written. Each caller decides
+which checkpoints count (whole ones for the callback, ones that verify for
+``gc``): one that does not count never makes a counted one expendable.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from tunekit.experiment._snapshot_model import CheckpointSummary, ranked
 from tunekit.errors import ConfigError
 
-__all__ = ["Policy", "newest_first", "selected"]
+__all__ = ["Plan", "Policy", "TrialCheckpoints", "newest_first", "plan", "selected"]
 
 
 def _count(call: str, name: str, value: Any) -> int | None:
@@ -68,16 +72,45 @@ def newest_first(checkpoints: Sequence[CheckpointSummary]) -> list[CheckpointSum
     return sorted(checkpoints, key=lambda c: (c.iteration or 0, c.name), reverse=True)
 
 
-def selected(trials: Mapping[str, Sequence[CheckpointSummary]], policy: Policy) -> set[tuple[str, str]]:
-    """``(trial, checkpoint name)`` pairs the policy's selections keep, ``trials`` mapping a trial to its checkpoints."""
-    keep: set[tuple[str, str]] = set()
-    if policy.experiment_best and policy.metric and policy.mode:
-        owner = {id(c): t for t, cs in trials.items() for c in cs}
+def selected(trials: Mapping[str, Sequence[CheckpointSummary]], policy: Policy) -> set[str]:
+    """URIs of the checkpoints the policy's selections keep, ``trials`` mapping a trial to its checkpoints (an
+    ``experiment_best`` tie goes to the trial first in ``trials``)."""
+    keep: set[str] = set()
+    if policy.experiment_best and policy.ranks:
         everything = [c for cs in trials.values() for c in cs]
-        keep |= {(owner[id(c)], c.name) for c in ranked(everything, policy.metric, policy.mode)[:policy.experiment_best]}
-    for trial, checkpoints in trials.items():
+        keep |= {c.uri for c in ranked(everything, policy.metric, policy.mode)[:policy.experiment_best]}
+    for checkpoints in trials.values():
         if policy.trial_latest:
-            keep |= {(trial, c.name) for c in newest_first(checkpoints)[:policy.trial_latest]}
-        if policy.trial_best and policy.metric and policy.mode:
-            keep |= {(trial, c.name) for c in ranked(list(checkpoints), policy.metric, policy.mode)[:policy.trial_best]}
+            keep |= {c.uri for c in newest_first(checkpoints)[:policy.trial_latest]}
+        if policy.trial_best and policy.ranks:
+            keep |= {c.uri for c in ranked(list(checkpoints), policy.metric, policy.mode)[:policy.trial_best]}
     return keep
+
+
+@dataclass(frozen=True)
+class TrialCheckpoints:
+    """One trial as retention sees it: the checkpoints that count, and whether it may still go on."""
+
+    checkpoints: Sequence[CheckpointSummary]
+    #: An unfinished trial's newest checkpoint is what a retry or a resume restores: always kept.
+    finished: bool = True
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What :func:`plan` keeps: ``needed`` (never deleted, even over a size budget) within ``keep``."""
+
+    keep: frozenset[str]
+    needed: frozenset[str]
+
+
+def plan(trials: Mapping[str, TrialCheckpoints], policy: Policy, needed: Iterable[str] = ()) -> Plan:
+    """The checkpoints (by URI) to keep of ``trials``: the policy's selections, each unfinished trial's newest,
+    and ``needed``. Every checkpoint of ``trials`` not in ``keep`` may be deleted."""
+    must = set(needed)
+    for trial in trials.values():
+        if not trial.finished and trial.checkpoints:
+            must.add(newest_first(trial.checkpoints)[0].uri)
+    chosen = selected({tid: t.checkpoints for tid, t in trials.items()}, policy) if policy.selects else \
+        {c.uri for t in trials.values() for c in t.checkpoints}
+    return Plan(frozenset(chosen | must), frozenset(must))

@@ -21,12 +21,9 @@ from typing import Any, Callable, Literal
 from tunekit.experiment._index import RemoteIndex, listed_storage
 from tunekit.checkpoint._interrupted import INTERRUPTED_WRITE, interrupted_write
 from tunekit.checkpoint._manifest import NOT_WRITTEN, TUNEKIT_FILES
-from tunekit.checkpoint._trial_dir import CHECKPOINT_DIR, STAGING, leftovers
+from tunekit.checkpoint._trial_dir import CHECKPOINT_DIR, leftovers, scan
 from tunekit.checkpoint._directory import (
-    CheckpointReport,
-    is_tunekit_checkpoint,
-    read_metadata,
-    verify_checkpoint,
+    CheckpointReport, is_tunekit_checkpoint, read_metadata, verify_checkpoint
 )
 from tunekit.errors import CheckpointError, TunekitError
 from tunekit.checkpoint._layout import POINTER_KEY, TRAIN_DIR, find_trials, pointer_target
@@ -103,8 +100,7 @@ class ExperimentCheck:
 def _being_written(trial: Any, name: str) -> bool:
     """Whether a live process is writing checkpoint ``name`` of ``trial`` (its staging directory says so)."""
     where = trial.location
-    return any(kind == "writing" and STAGING.match(hidden)[1] == name  # type: ignore[index]
-               for hidden, kind in leftovers(where.filesystem, where.path))
+    return any(e.kind == "writing" and e.name.startswith(f".{name}.partial-") for e in scan(where.filesystem, where.path))
 
 
 def _metadata(location: Storage) -> dict[str, Any]:

@@ -13,16 +13,8 @@ from tunekit.trial.hparams import put_learning_rate
 from tunekit.trial.state import TrainingState
 
 __all__ = [
-    "FrameworkTrainingState",
-    "KEY_PREFIX",
-    "OPTIMIZER_KEYS",
-    "Reporter",
-    "apply_optimizer_values",
-    "framework_of",
-    "make_session",
-    "new_state",
-    "plain_metrics",
-    "require",
+    "FrameworkTrainingState", "KEY_PREFIX", "OPTIMIZER_KEYS", "Reporter", "apply_optimizer_values", "framework_of",
+    "make_session", "new_state", "plain_metrics", "require"
 ]
 
 #: ``TrainingState.extras`` key prefix of a framework's own training state.

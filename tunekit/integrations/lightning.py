@@ -59,12 +59,7 @@ import torch
 from tunekit.errors import ConfigTypeError
 from tunekit.trial.function import FunctionSession
 from tunekit.integrations._common import (
-    Reporter,
-    apply_optimizer_values,
-    make_session,
-    new_state,
-    plain_metrics,
-    require,
+    Reporter, apply_optimizer_values, make_session, new_state, plain_metrics, require
 )
 from tunekit.trial.rng import restore_rng
 

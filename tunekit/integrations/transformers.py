@@ -61,12 +61,7 @@ import torch
 from tunekit.errors import CheckpointError, ConfigTypeError
 from tunekit.trial.function import FunctionSession
 from tunekit.integrations._common import (
-    Reporter,
-    apply_optimizer_values,
-    make_session,
-    new_state,
-    plain_metrics,
-    require,
+    Reporter, apply_optimizer_values, make_session, new_state, plain_metrics, require
 )
 from tunekit.trial.rng import capture_rng, restore_rng
 

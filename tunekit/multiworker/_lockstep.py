@@ -21,10 +21,11 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DECIDE_KEY", "Decisions", "ENDED_KEY", "GROUP_KEY", "LOCKSTEP_KEYS", "RUN", "SAVED_FOR_KEY", "START_KEYS",
-           "ask_for_checkpoint", "decide", "decisions_actor", "end_run", "lockstep_trainable", "take"]
+__all__ = ["DECIDE_KEY", "Decisions", "ENDED_KEY", "GROUP_KEY", "LOCKSTEP_KEYS", "RUN_KEY", "SAVED_FOR_KEY",
+           "START_KEYS", "TrainRun", "decisions_actor", "lockstep_trainable"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +41,117 @@ DECIDE_KEY, SAVED_FOR_KEY, ENDED_KEY = "tunekit/decide", "tunekit/saved_for", "t
 START_KEYS = ("tunekit/start_from", "tunekit/written_before")
 #: Metrics key through which rank 0 tells the trial its worker group's placement group (never reaches Tune).
 GROUP_KEY = "tunekit/placement_group"
+#: Key under which a multi-worker trial's trainable hands its :class:`TrainRun` to the trial's function.
+RUN_KEY = "tunekit/train_run"
 
-#: This process's live Train run: its controller and worker groups' placement groups, its report queue, and
-#: in lockstep the decision its workers wait for (``pending``: [key, n]) and whether that is the loop's end.
-RUN: dict[str, Any] = {"controller": None, "groups": set(), "stopped": False, "pending": None, "ended": False,
-                       "stash": collections.deque()}
+
+@dataclass
+class TrainRun:
+    """A multi-worker trial's live Train run, owned by the trial's trainable instance.
+
+    The trial's thread starts it (:meth:`begin`) and reads its reports (:meth:`take`); Tune's calls on the
+    trainable (a save, the trial's end) reach the workers through it.
+    """
+
+    #: Train's controller actor and its worker groups' placement groups (what :meth:`stop` ends).
+    controller: Any = None
+    groups: set[str] = field(default_factory=set)
+    #: Whether Tune stopped the run (its controller's death is then no error of the trial's).
+    stopped: bool = False
+    #: The decision the workers wait for, ``[key, n]`` (n: saves asked for at that report), else None.
+    pending: list[Any] | None = None
+    #: Whether the worker loop has ended (its ranks wait for an at-end save or the end).
+    ended: bool = False
+    #: Reports taken from the queue by a save and put back for the trial's thread.
+    stash: collections.deque[Any] = field(default_factory=collections.deque)
+    queue: Any = None
+    thread: Any = None
+    #: The :class:`Decisions` actor the workers wait on (None: no lockstep).
+    decisions: Any = None
+    #: Writes a pointer to a Train checkpoint: ``write_pointer(directory, train_checkpoint_path)``.
+    write_pointer: Callable[[str, str], Any] | None = None
+    warned: bool = False
+
+    def begin(self, thread: Any, queue: Any, decisions: Any, write_pointer: Callable[[str, str], Any]) -> None:
+        """A new Train run of the trial: nothing of an earlier one is left."""
+        self.controller, self.groups, self.stopped, self.pending, self.ended = None, set(), False, None, False
+        self.stash.clear()
+        self.thread, self.queue, self.decisions, self.write_pointer = thread, queue, decisions, write_pointer
+
+    def take(self) -> tuple[dict[str, Any], str | None] | None:
+        """The next report (metrics, Train checkpoint path) of the run (one put back by a save first); None:
+        the run is over. Notes the controller and placement group a report names."""
+        item = self.stash.popleft() if self.stash else self.queue.get()
+        if item is None:
+            return None
+        metrics, path, group, controller = item
+        if controller is not None:
+            self.controller = controller
+        if group is not None:
+            self.groups.add(group)
+        return metrics, path
+
+    def decide(self, value: str) -> None:
+        """Post ``value`` ("go" or "save") for the decision the workers wait for; a "save" makes them wait for
+        the next one of the same report."""
+        import ray
+
+        if self.pending is None or self.decisions is None:
+            return
+        ray.get(self.decisions.post.remote(f"{self.pending[0]}:{self.pending[1]}", value))
+        if value == "save":
+            self.pending[1] += 1
+        else:
+            self.pending = None
+
+    def ask_for_checkpoint(self) -> str | None:
+        """Tune asks the trial to save while its workers wait for a decision: they write a checkpoint of the
+        iteration they reported and wait again. Returns the Train checkpoint's path; None when no worker waits
+        (no lockstep, or a loop whose session has no ``config=config``), or when the group died meanwhile."""
+        if self.pending is None or self.decisions is None:
+            return None
+        key = f"{self.pending[0]}:{self.pending[1]}"
+        self.decide("save")
+        report = self.take()
+        if report is not None and report[0].get(SAVED_FOR_KEY) == key and report[1]:
+            return report[1]
+        # a restarted group's report, or the run's end: the trial's thread reads it
+        self.stash.append(None if report is None else (*report, None, None))
+        self.pending = None
+        logger.warning("tunekit: the trial's workers did not write the checkpoint Tune asked for (their group "
+                       "restarted or the run ended meanwhile)")
+        return None
+
+    def end(self, timeout_s: float = 60.0) -> None:
+        """Tune is done with a trial whose loop has ended: its ranks, waiting for an at-end save, end; the Train
+        run is given ``timeout_s`` to finish (then it is stopped like any other)."""
+        if self.ended and self.pending is not None:
+            try:
+                self.decide("go")
+            except Exception as exc:  # noqa: BLE001 - the run is stopped next anyway
+                logger.debug("tunekit: could not tell the workers to end: %s", exc)
+            if self.thread is not None:
+                self.thread.join(timeout_s)
+        self.ended, self.pending = False, None
+
+    def stop(self) -> None:
+        """Tune stops the trial: the run's controller is killed and its worker groups' placement groups
+        removed (Ray Train removes them itself only when its controller ends, or, when it dies, through a
+        watcher that needs Ray's State API, which a Ray without its dashboard has not)."""
+        import ray
+
+        from tunekit import _ray
+
+        self.end()  # a loop that has ended waits for Tune's end of the trial: it ends now, its run finishes
+        controller, groups = self.controller, sorted(self.groups)
+        self.controller, self.groups, self.stopped = None, set(), True
+        try:
+            if controller is not None:
+                ray.kill(controller)  # first: a controller would start a new worker group on a removed one's
+            for group in groups:
+                _ray.remove_placement_group(group)
+        except Exception as exc:  # noqa: BLE001 - stopping must go on; say what may be left
+            logger.warning("tunekit: could not stop the trial's Train run: %s", exc)
 
 
 class Decisions:
@@ -75,86 +182,22 @@ def decisions_actor() -> Any:
     return ray.remote(num_cpus=0)(Decisions).remote()
 
 
-def decide(value: str) -> None:
-    """Post ``value`` ("go" or "save") for the decision the workers wait for; a "save" makes them wait for
-    the next one of the same report."""
-    import ray
-
-    pending, actor = RUN.get("pending"), RUN.get("decisions")
-    if pending is None or actor is None:
-        return
-    ray.get(actor.post.remote(f"{pending[0]}:{pending[1]}", value))
-    if value == "save":
-        pending[1] += 1
-    else:
-        RUN["pending"] = None
-
-
-def take() -> Any:
-    """The next item of the trial's report queue (one put back by a save first)."""
-    stash = RUN["stash"]
-    return stash.popleft() if stash else RUN["queue"].get()
-
-
-def ask_for_checkpoint() -> str | None:
-    """Tune asks the trial to save while its workers wait for a decision: they write a checkpoint of the
-    iteration they reported and wait again. Returns the Train checkpoint's path; None when no worker waits
-    (no lockstep, or a loop whose session has no ``config=config``), or when the group died meanwhile."""
-    pending = RUN.get("pending")
-    if pending is None or RUN.get("decisions") is None:
-        return None
-    key = f"{pending[0]}:{pending[1]}"
-    decide("save")
-    item = take()
-    if item is not None:
-        metrics, path, group, controller = item
-        if controller is not None:
-            RUN["controller"] = controller
-        if group is not None:
-            RUN["groups"].add(group)
-        if metrics.get(SAVED_FOR_KEY) == key and path:
-            return path
-    RUN["stash"].append(item)  # a restarted group's report, or the run's end: the trial's thread reads it
-    RUN["pending"] = None
-    logger.warning("tunekit: the trial's workers did not write the checkpoint Tune asked for (their group "
-                   "restarted or the run ended meanwhile)")
-    return None
-
-
-def end_run(timeout_s: float = 60.0) -> None:
-    """Tune is done with a trial whose loop has ended: its ranks, waiting for an at-end save, end; the Train
-    run is given ``timeout_s`` to finish (then it is stopped like any other)."""
-    if RUN.get("ended") and RUN.get("pending") is not None:
-        try:
-            decide("go")
-        except Exception as exc:  # noqa: BLE001 - the run is stopped next anyway
-            logger.debug("tunekit: could not tell the workers to end: %s", exc)
-        thread = RUN.get("thread")
-        if thread is not None:
-            thread.join(timeout_s)
-    RUN.update(ended=False, pending=None)
-
-
 def lockstep_trainable(trial: Callable[[dict[str, Any]], None], name: str, mixin: type,
                        resources: dict[str, Any]) -> type:
     """The Tune trainable of a lockstep multi-worker trial: a class (so that Tune accepts
     ``checkpoint_frequency`` and ``checkpoint_at_end``) running ``trial`` as tunekit's function trainables
-    do, whose saves are the workers' checkpoints of the iteration Tune saw."""
+    do, whose saves are the workers' checkpoints of the iteration Tune saw (``mixin`` owns the run)."""
     from tunekit.trial.function import function_trainable
     from tunekit.trial.kind import TrainableKind
 
-    base = function_trainable(trial, name=name)
-
     def _elsewhere_writer(self: Any) -> Callable[[str], Any] | None:
-        from tunekit.multiworker._lockstep import RUN as run  # (the worker's own: this class travels by value)
-        from tunekit.multiworker._pointer import write_pointer
-
-        path = ask_for_checkpoint()
-        if path is None:
+        run = self.train_run
+        path = run.ask_for_checkpoint()
+        if path is None or run.write_pointer is None:
             return None
-        return lambda directory: write_pointer(directory, path, run.get("name", name), run.get("config", {}),
-                                               run.get("fs"), trial_path=run.get("trial_path"))
+        return lambda directory: run.write_pointer(directory, path)
 
     kind = TrainableKind(train_fn=trial, multiworker=True, resources=resources)
-    return type(name, (mixin, base), {"_elsewhere_writer": _elsewhere_writer, "tunekit_trainable": kind,
-                                      "__module__": getattr(trial, "__module__", __name__)})
+    return type(name, (mixin, function_trainable(trial, name=name)),
+                {"_elsewhere_writer": _elsewhere_writer, "tunekit_trainable": kind,
+                 "__module__": getattr(trial, "__module__", __name__)})

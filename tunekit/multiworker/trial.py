@@ -16,6 +16,7 @@ schedulers): the workers wait for its decision on each report (:mod:`tunekit.mul
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import posixpath
@@ -28,8 +29,9 @@ from ray.train import UserCallback
 
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.checkpoint._layout import POINTER_KEY
-from tunekit.multiworker._lockstep import (DECIDE_KEY, ENDED_KEY, GROUP_KEY, LOCKSTEP_KEYS, RUN, SAVED_FOR_KEY,
-                                           START_KEYS, decide, decisions_actor, end_run, lockstep_trainable, take)
+from tunekit import _ray
+from tunekit.multiworker._lockstep import (DECIDE_KEY, ENDED_KEY, GROUP_KEY, LOCKSTEP_KEYS, RUN_KEY, SAVED_FOR_KEY,
+                                           START_KEYS, TrainRun, decisions_actor, lockstep_trainable)
 from tunekit.multiworker._pointer import checkpoint_names, drop_cut_short, write_pointer
 from tunekit.multiworker.session import with_end_handshake
 from tunekit.trial.kind import TrainableKind
@@ -86,8 +88,7 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
         from ray.train.torch import TorchConfig, TorchTrainer
         from ray.util.queue import Queue
 
-        from tunekit import _ray
-
+        run: TrainRun = config.pop(RUN_KEY, None) or TrainRun()  # (the trainable's own)
         group = config.get("workers", workers)
         if group != workers:  # (the config's own: refused before Train waits for what it can never place)
             if isinstance(group, bool) or not isinstance(group, int) or group < 1:
@@ -122,16 +123,16 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
                                  failure_config=FailureConfig(max_failures=max_failures),
                                  callbacks=[_Reporter(queue)]),
         )
-        _drive(trainer, queue, name, dict(config), run_fs, loop_config.get(LOCKSTEP_KEYS[0]), trial_path)
+        pointer = functools.partial(write_pointer, name=name, config=dict(config), filesystem=run_fs,
+                                    trial_path=trial_path)
+        _drive(trainer, run, queue, loop_config.get(LOCKSTEP_KEYS[0]), pointer, name, run_fs)
 
     trial.__name__ = trial.__qualname__ = name
     trial.__module__ = getattr(train_loop_per_worker, "__module__", __name__)
     trial.tunekit_trainable = TrainableKind(multiworker=True)  # type: ignore[attr-defined]  # (tunekit check says it cannot check it)
-    from tunekit import _ray
-
     if not lockstep:
-        return _ray.with_function_mixin(trial, _StopsTrainRun)
-    return lockstep_trainable(trial, name, _StopsTrainRun,
+        return _ray.function_class(trial, _OwnsTrainRun)
+    return lockstep_trainable(trial, name, _OwnsTrainRun,
                               {"workers": workers, "cpus_per_worker": cpus_per_worker, "use_gpu": use_gpu})
 
 
@@ -176,7 +177,6 @@ def train_checkpoint_of(checkpoint: Any) -> str | None:
 def _set_aside_stale_snapshot(filesystem: Any, run_dir: str) -> None:
     """Train refuses to start its run again when a checkpoint its snapshot names was deleted (KeepCheckpoints,
     ``tunekit gc``): the snapshot is set aside, and the workers restore from the checkpoint Tune hands over."""
-    from tunekit import _ray
     from tunekit.storage._location import resolve_storage
 
     where = resolve_storage(run_dir, filesystem=filesystem)
@@ -204,50 +204,37 @@ class _Reporter(UserCallback):
         self.queue.put((first, checkpoint.path if checkpoint else None, group, controller))
 
 
-class _StopsTrainRun:
-    """Mixed into Tune's class for a :func:`train_trial` trainable: when Tune stops the trial while its Train
-    run is live (a PBT pause or exploit, a stop condition), the run's controller is killed and its worker
-    groups' placement groups removed. Ray Train removes them itself only when its controller ends, or,
-    when the controller dies, through a watcher that needs Ray's State API (a Ray without its dashboard
-    has none): the stopped trial's CPUs would stay held for good."""
+class _OwnsTrainRun(_ray.HandsToFunction):
+    """Mixed into Tune's class for a :func:`train_trial` trainable: each instance owns its trial's
+    :class:`~tunekit.multiworker._lockstep.TrainRun`, hands it to the trial's function, and stops the run
+    when Tune stops the trial while it is live (a PBT pause or exploit, a stop condition, an actor reused
+    for another trial): the stopped trial's CPUs would otherwise stay held for good."""
 
     #: What KeepCheckpoints and ``tunekit check`` tell a multi-worker trial's class by.
     tunekit_trainable = TrainableKind(multiworker=True)
 
+    @property
+    def train_run(self) -> TrainRun:
+        return self.__dict__.setdefault("_train_run", TrainRun())
+
+    def function_extras(self) -> dict[str, Any]:
+        return {RUN_KEY: self.train_run}
+
     def cleanup(self) -> None:
-        _stop_train_run()
+        self.train_run.stop()
         super().cleanup()  # type: ignore[misc]
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
-        _stop_train_run()  # an actor reused for another trial (reuse_actors=True): its run ends first
+        self.train_run.stop()
         return super().reset_config(new_config)  # type: ignore[misc]
 
 
-def _stop_train_run() -> None:
-    import ray
-
-    from tunekit import _ray
-
-    end_run()  # a loop that has ended waits for Tune's end of the trial: it ends now, its run finishes
-    controller, groups = RUN["controller"], sorted(RUN["groups"])
-    RUN.update(controller=None, groups=set(), stopped=True)
-    try:
-        if controller is not None:
-            ray.kill(controller)  # first: a controller would start a new worker group on a removed one's
-        for group in groups:
-            _ray.remove_placement_group(group)
-    except Exception as exc:  # noqa: BLE001 - stopping must go on; say what may be left
-        logger.warning("tunekit: could not stop the trial's Train run: %s", exc)
-
-
-def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesystem: Any, decisions: Any,
-           trial_path: str | None = None) -> None:
-    """Run ``trainer`` on a thread; report what it reports to Tune (with a pointer checkpoint); its error.
-    ``decisions``: the actor through which its workers wait for Tune's decisions (lockstep), else None.
-    ``trial_path``: the trial's directory on its storage (pointers into it are relative)."""
+def _drive(trainer: Any, run: TrainRun, queue: Any, decisions: Any, pointer: Callable[[str, str], Any],
+           name: str, filesystem: Any) -> None:
+    """Run ``trainer`` on a thread; report what it reports to Tune (with a pointer checkpoint, written by
+    ``pointer(directory, train_checkpoint)``); its error. ``decisions``: the actor through which its workers
+    wait for Tune's decisions (lockstep), else None. ``filesystem``: the Train run's storage's."""
     from ray import tune
-
-    from tunekit import _ray
 
     outcome: dict[str, BaseException] = {}
 
@@ -260,26 +247,20 @@ def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesyst
             queue.put(None)
 
     thread = threading.Thread(target=fit, name="tunekit-train-run", daemon=True)
-    RUN.update(controller=None, groups=set(), stopped=False, pending=None, ended=False, thread=thread, queue=queue,
-               decisions=decisions, fs=filesystem, name=name, config=config, trial_path=trial_path)
-    RUN["stash"].clear()
+    run.begin(thread, queue, decisions, pointer)
     checked: set[str] = set()  # Train checkpoints looked at for a cut-short write (each once a run)
     thread.start()
-    while (item := take()) is not None:
-        metrics, path, group, controller = item
-        if controller is not None:
-            RUN["controller"] = controller
-        if group is not None:
-            RUN["groups"].add(group)
+    while (report := run.take()) is not None:
+        metrics, path = report
         if ENDED_KEY in metrics:  # the loop has ended; its ranks wait for an at-end save or the end (lockstep):
-            RUN.update(pending=[metrics[ENDED_KEY], 0], ended=True)  # the trial ends, its run ends with it
+            run.pending, run.ended = [metrics[ENDED_KEY], 0], True  # the trial ends, its run ends with it
             return
         if SAVED_FOR_KEY in metrics:  # (a save Tune asked for, whose asker gave up on it: not a result)
             continue
         key = metrics.pop(DECIDE_KEY, None)
-        RUN["pending"] = [key, 0] if key is not None else None
-        if key is None and decisions is not None and not RUN.get("warned"):
-            RUN["warned"] = True
+        run.pending = [key, 0] if key is not None else None
+        if key is None and decisions is not None and not run.warned:
+            run.warned = True
             logger.warning("tunekit: %s's workers do not wait for Tune's decisions (a report without a "
                            "WorkerSession, or one made without config=config): checkpoints Tune asks for "
                            "(frequency, at end, callbacks, schedulers) cannot be taken", name)
@@ -287,13 +268,12 @@ def _drive(trainer: Any, queue: Any, name: str, config: dict[str, Any], filesyst
             tune.report(metrics)
         else:
             metrics["checkpoint_path"] = path  # as Ray's TuneReportCallback reports it
-            with tempfile.TemporaryDirectory(prefix="tunekit-pointer-") as pointer:
-                write_pointer(pointer, path, name, config, filesystem, trial_path=trial_path)
-                _ray.report_with_checkpoint(metrics, pointer)  # (into an index no earlier worker used)
+            with tempfile.TemporaryDirectory(prefix="tunekit-pointer-") as directory:
+                pointer(directory, path)
+                _ray.report_with_checkpoint(metrics, directory)  # (into an index no earlier worker used)
             drop_cut_short(filesystem, path, checked)
-        decide("go")  # Tune has moved on (it saved first if it wanted to): so do the workers
+        run.decide("go")  # Tune has moved on (it saved first if it wanted to): so do the workers
     thread.join()
-    stopped = RUN["stopped"]
-    RUN.update(controller=None, groups=set())  # the run ended: Train removed its placement groups
-    if "error" in outcome and not stopped:  # (a run Tune stopped ends with its controller's death)
+    run.controller, run.groups = None, set()  # the run ended: Train removed its placement groups
+    if "error" in outcome and not run.stopped:  # (a run Tune stopped ends with its controller's death)
         raise outcome["error"]

@@ -3,8 +3,6 @@
 Owns: the PBT setup for tunekit trainables (:func:`tunekit.pbt.pbt_setup`), schedulers that keep every worker
 busy, and the checkpoint-interval model (Young, Daly). May import: ``tunekit.experiment`` and the layers
 below it.
-
-Tested in ``tests/tunekit/test_interval.py`` and ``tests/tunekit/test_schedulers.py``.
 """
 
 from __future__ import annotations

@@ -29,15 +29,8 @@ from typing import Any
 from tunekit.errors import ConfigError
 
 __all__ = [
-    "MtbfEstimate",
-    "choose_interval",
-    "daly_interval",
-    "describe_intervals",
-    "expected_runtime",
-    "format_duration",
-    "parse_duration",
-    "trial_intervals",
-    "young_interval",
+    "MtbfEstimate", "choose_interval", "daly_interval", "describe_intervals", "expected_runtime", "format_duration",
+    "parse_duration", "trial_intervals", "young_interval"
 ]
 
 

@@ -45,11 +45,8 @@ from tunekit.trial.hparams import DEFAULT_MUTABLE
 from tunekit.trial.kind import declared
 
 __all__ = [
-    "PBTSetup",
-    "PopulationBasedTrainingNoIdlePause",
-    "mutable_hyperparameters",
-    "pbt_setup",
-    "quiet_pbt_keep_warning",
+    "PBTSetup", "PopulationBasedTrainingNoIdlePause", "mutable_hyperparameters", "pbt_setup",
+    "quiet_pbt_keep_warning"
 ]
 
 

@@ -3,8 +3,6 @@
 
 Owns: resolving and probing locations, storage errors, whole-file reads. May import: ``tunekit.errors`` and
 the other modules at the top of ``tunekit`` (nothing of a layer).
-
-Tested in ``tests/tunekit/test_storage.py``.
 """
 
 from __future__ import annotations

@@ -45,15 +45,8 @@ import pyarrow.fs as pafs
 from tunekit.errors import ConfigError, StorageError, TunekitError, first_line
 
 __all__ = [
-    "DEFAULT_STORAGE_PATH",
-    "Storage",
-    "check_cluster_storage",
-    "directory_bytes",
-    "not_s3",
-    "probe_storage",
-    "redact",
-    "resolve_storage",
-    "storage_errors",
+    "DEFAULT_STORAGE_PATH", "Storage", "check_cluster_storage", "directory_bytes", "not_s3", "probe_storage",
+    "redact", "resolve_storage", "storage_errors"
 ]
 
 DEFAULT_STORAGE_PATH = "~/tunekit_results"

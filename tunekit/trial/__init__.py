@@ -5,8 +5,6 @@ RNG capture, resumable data, device placement, hyperparameters PBT may change, w
 checkpointing core both trainables share (saving, restoring, cloning) and the trainables themselves
 (:class:`TorchTrainable`, :func:`function_trainable`). May import: ``tunekit.checkpoint``,
 ``tunekit.storage``, ``tunekit._ray`` and the top-level modules.
-
-Tested in ``tests/tunekit/test_state.py`` and ``tests/tunekit/test_checkpointer.py`` and ``tests/trainables/test_contract.py``.
 """
 
 from __future__ import annotations

@@ -42,14 +42,8 @@ from ray import tune
 from tunekit import _env, _ray
 from tunekit.trial._restoring import clone_in_worker, local_request, prepare_restore, remove_temps, writer_trial
 from tunekit.trial._saving import (
-    BackgroundSaves,
-    Durability,
-    background_saves_enabled,
-    confirm_remote_upload,
-    release_remote_pin,
-    save_again,
-    save_in_place,
-    save_snapshot,
+    BackgroundSaves, Durability, background_saves_enabled, confirm_remote_upload, release_remote_pin, save_again,
+    save_in_place, save_snapshot
 )
 from tunekit.checkpoint._directory import read_metadata, read_state, write_checkpoint
 from tunekit._keys import SAVE_BLOCKED_KEY, SAVE_WRITE_KEY

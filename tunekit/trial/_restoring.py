@@ -48,22 +48,13 @@ from tunekit.checkpoint._trial_dir import (CHECKPOINT_DIR, await_write, checkpoi
                                 staging_dirs, writer_alive)
 from tunekit.checkpoint._manifest import MISSING, NOT_WRITTEN
 from tunekit.checkpoint._directory import (
-    MANIFEST_FILE,
-    CheckpointReport,
-    is_foreign_checkpoint,
-    read_metadata,
-    verify_checkpoint,
+    MANIFEST_FILE, CheckpointReport, is_foreign_checkpoint, read_metadata, verify_checkpoint
 )
 from tunekit.errors import CheckpointError, first_line
 
 __all__ = [
-    "align_iteration",
-    "clone_in_worker",
-    "local_request",
-    "prepare_restore",
-    "raise_failed_clone",
-    "remove_temps",
-    "writer_trial",
+    "align_iteration", "clone_in_worker", "local_request", "prepare_restore", "raise_failed_clone", "remove_temps",
+    "writer_trial"
 ]
 
 logger = logging.getLogger(__name__)

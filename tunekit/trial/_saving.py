@@ -73,18 +73,9 @@ from tunekit.trial.state import StateBuffers
 from tunekit.storage._location import directory_bytes
 
 __all__ = [
-    "BackgroundSaves",
-    "Durability",
-    "background_saves_enabled",
-    "commit_checkpoint",
-    "confirm_remote_upload",
-    "drain_writes",
-    "release_remote_pin",
-    "save_again",
-    "save_in_place",
-    "save_snapshot",
-    "trainable_spec",
-    "write_and_report",
+    "BackgroundSaves", "Durability", "background_saves_enabled", "commit_checkpoint", "confirm_remote_upload",
+    "drain_writes", "release_remote_pin", "save_again", "save_in_place", "save_snapshot", "trainable_spec",
+    "write_and_report"
 ]
 
 logger = logging.getLogger(__name__)

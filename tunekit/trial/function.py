@@ -38,7 +38,6 @@ Semantics, compared with the class API (:class:`~tunekit.TorchTrainable`):
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import shutil
 import tempfile
@@ -319,38 +318,6 @@ class _CheckpointingFunctionTrainable(tune.Trainable):
                                   "within TUNE_FUNCTION_THREAD_TIMEOUT_S seconds; this worker cannot take a new trial")
 
 
-_INTEGRATIONS = ("tunekit.integrations.lightning", "tunekit.integrations.transformers")
-
-
-def _integration_mutable(train_fn: Callable[..., Any]) -> tuple[str, ...] | None:
-    """The ``MUTABLE`` of the framework integration ``train_fn`` uses, else None.
-
-    Found in the function's own code: a module-level name bound to the
-    integration (or its ``fit``/``train``), or an import of it in the body.
-    """
-    import dis
-
-    code = getattr(train_fn, "__code__", None)
-    if code is None:
-        return None
-    scope = getattr(train_fn, "__globals__", {})
-    found = None
-    for name in code.co_names:
-        value = scope.get(name)
-        module = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
-        if module in _INTEGRATIONS:
-            found = module
-    imported = None
-    for instruction in dis.get_instructions(code):
-        if instruction.opname == "IMPORT_NAME":
-            imported = instruction.argval
-            if imported in _INTEGRATIONS:
-                found = imported
-        elif instruction.opname == "IMPORT_FROM" and f"{imported}.{instruction.argval}" in _INTEGRATIONS:
-            found = f"{imported}.{instruction.argval}"
-    return tuple(importlib.import_module(found).MUTABLE) if found else None
-
-
 def function_trainable(
     train_fn: Callable[[dict[str, Any]], Any], *, name: str | None = None, mutable: tuple[str, ...] | None = None
 ) -> type[tune.Trainable]:
@@ -364,10 +331,9 @@ def function_trainable(
         train_fn: ``train_fn(config)``, reporting through a FunctionSession.
         name: The trainable's name (default: the function's name).
         mutable: The hyperparameters the function's session changes in place
-            (what :func:`tunekit.schedule.pbt.pbt_setup` accepts as mutations). Default:
-            the ``MUTABLE`` of the framework integration the function calls
-            (``tunekit.integrations.lightning.fit`` or ``...transformers.train``
-            named in its body), else :data:`~tunekit.trial.hparams.DEFAULT_MUTABLE`.
+            (what :func:`tunekit.schedule.pbt.pbt_setup` accepts as mutations; default
+            :data:`~tunekit.trial.hparams.DEFAULT_MUTABLE`). A function that trains through a
+            framework integration declares the integration's: ``mutable=tk_lightning.MUTABLE``.
 
     Raises:
         TypeError: ``train_fn`` is not a function of exactly one argument.
@@ -390,8 +356,6 @@ def function_trainable(
         )
     label = name or getattr(train_fn, "__name__", "function")
     namespace: dict[str, Any] = {"tunekit_trainable": TrainableKind(train_fn), "_name": label, "__module__": __name__}
-    if mutable is None:
-        mutable = _integration_mutable(train_fn)
     if mutable is not None:
         if isinstance(mutable, str) or not all(isinstance(k, str) for k in mutable):
             raise ConfigTypeError(f"function_trainable(mutable={mutable!r}): expected a tuple of config keys")

@@ -32,12 +32,7 @@ from typing import Any, Callable, Mapping
 import pyarrow.fs as pafs
 
 from tunekit.checkpoint._manifest import locate
-from tunekit.checkpoint._directory import (
-    MANIFEST_FILE,
-    METADATA_FILE,
-    CheckpointLocation,
-    read_state,
-)
+from tunekit.checkpoint._directory import (MANIFEST_FILE, METADATA_FILE, CheckpointLocation, read_state)
 from tunekit.checkpoint.loading import misfit_line
 from tunekit.errors import CheckpointError, ConfigError, StorageError
 from tunekit.trial.hparams import changed_hyperparameters
