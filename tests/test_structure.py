@@ -343,6 +343,7 @@ def test_every_package_is_installed():
 MODULE_STATE = {
     ("tunekit.trial.function", "_RUNNING"): "the function trainable each training function runs in, by trial id",
     ("tunekit.trial.reuse", "_slots"): "objects kept across the trials one worker process runs (reusable())",
+    ("tunekit.multiworker._lockstep", "_LIVE"): "each trial's Train run, owned by its trainable, by trial id",
     ("tunekit.multiworker.session", "_CURRENT"): "the one WorkerSession of a Train worker process",
     ("tunekit.multiworker._parts", "_STAGES_AGAIN"): "a fact about the installed torch, found once",
     ("tunekit.integrations.lightning", "_CALLBACKS"): "Lightning callback classes made once per process",

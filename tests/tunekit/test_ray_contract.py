@@ -444,27 +444,20 @@ def test_a_trainable_runs_offline_without_a_ray_session(tmp_path):
 
 
 def test_function_mixins_and_placement_group_removal_behave_as_relied_on(ray_session):
-    """``train_trial``'s trainable owns its Train run: Ray's class for a function trainable, with a mixin first,
-    calls the function through ``_trainable_func(config)`` (the mixin hands the run in) and is still a function
-    trainable to Tune; a placement group is removed by its id."""
-    from ray.tune.trainable.function_trainable import FunctionTrainable
+    """``train_trial``'s trainable stops its Train run when Tune stops the trial: Ray's class for a function
+    trainable inherits the function's ``__mixins__`` first, and a placement group is removed by its id."""
+    from ray.tune.trainable.function_trainable import wrap_function
     from ray.util.placement_group import placement_group
 
-    class Hands(_ray.HandsToFunction):
-        def function_extras(self):
-            return {"extra": 7}
+    class Mixin:
+        pass
 
-    seen = []
+    def trial(config):
+        pass
 
-    def records(config):
-        seen.append(config)
-        raise LookupError("recorded")  # (no session around it to report to)
-
-    made = _ray.function_class(records, Hands)
-    assert made.__mro__[1] is Hands and issubclass(made, FunctionTrainable), made.__mro__
-    with pytest.raises(LookupError, match="recorded"):
-        made._trainable_func(made.__new__(made), {"lr": 0.1})
-    assert seen == [{"lr": 0.1, "extra": 7}], f"Ray changed: the function runner's _trainable_func ({seen})"
+    made = tune.with_resources(_ray.with_function_mixin(trial, Mixin), {"cpu": 0.1})
+    cls = made if isinstance(made, type) else wrap_function(made)
+    assert cls.__mro__[1] is Mixin, f"Ray changed: wrap_function ignores __mixins__ ({cls.__mro__})"
     group = placement_group([{"CPU": 0.01}])
     ray.get(group.ready())
     _ray.remove_placement_group(group.id.hex())

@@ -81,10 +81,10 @@ from tunekit._ray.retention import (
 )
 
 __all__ = [
-    "FUNCTION_RUNNER_METHODS", "HandsToFunction", "PBTWithDonorChoice", "RAY_NOTICES", "RAY_SYNC_FAILURE",
+    "FUNCTION_RUNNER_METHODS", "PBTWithDonorChoice", "RAY_NOTICES", "RAY_SYNC_FAILURE",
     "RAY_WARNINGS", "TrainingResult", "adopt_function_runner", "adopt_result", "calling_scheduler",
     "clear_last_reported", "clone_in_place", "drop_color_reset_at_exit", "drop_vanished_checkpoints",
-    "finish_next_save_in_place", "forget_checkpoints", "forget_tunekit_metrics", "function_class",
+    "finish_next_save_in_place", "forget_checkpoints", "forget_tunekit_metrics",
     "function_runner_cleanup", "function_runner_reset", "give_session_checkpoint", "has_local_storage",
     "last_reported", "last_result", "local_trial_dir", "next_local_checkpoint", "note_saves", "offline_storage",
     "persist_train_checkpoint", "pin_donor_checkpoint", "publish_local_checkpoint", "quiet_ray_notices",
@@ -92,7 +92,7 @@ __all__ = [
     "report_checkpoint_dir", "report_with_checkpoint", "scheduler_checkpoints", "session_report",
     "session_storage", "session_trial_storage", "set_aside_stale_train_snapshot", "set_iteration",
     "set_restored", "storage_context", "supports_clone", "synchronous_saves", "trainable_storage",
-    "trial_filesystem"
+    "trial_filesystem", "with_function_mixin"
 ]
 
 #: What ``Trainable.save`` returns and ``Trainable.restore`` accepts.
@@ -309,26 +309,11 @@ def remove_placement_group(group_id: str) -> None:
         remove(group)
 
 
-def function_class(function: Any, mixin: type) -> type:
-    """Tune's class for function trainable ``function`` (a ``FunctionTrainable``, as ``tune.Tuner`` makes it)
-    with ``mixin`` first: its ``cleanup`` runs when Tune stops the trial, its ``_trainable_func`` calls the
-    function (``wrap_function`` is a DeveloperAPI)."""
-    from ray.tune.trainable.function_trainable import wrap_function
-
-    made = wrap_function(function)
-    return type(getattr(function, "__name__", made.__name__), (mixin, made),
-                {"__module__": getattr(function, "__module__", __name__)})
-
-
-class HandsToFunction:
-    """Mixed in first into a function trainable's class: its training function is called with its config and
-    what the instance's ``function_extras()`` adds (Ray's function runner calls ``_trainable_func(config)``)."""
-
-    def function_extras(self) -> dict[str, Any]:
-        return {}
-
-    def _trainable_func(self, config: dict[str, Any]) -> Any:
-        return super()._trainable_func({**config, **self.function_extras()})  # type: ignore[misc]
+def with_function_mixin(function: Any, mixin: type) -> Any:
+    """Make Tune's class for function trainable ``function`` inherit ``mixin`` first (its ``cleanup`` runs
+    when Tune stops the trial): Ray's ``wrap_function`` reads the undocumented ``__mixins__``."""
+    function.__mixins__ = (mixin, *getattr(function, "__mixins__", ()))
+    return function
 
 
 def persist_train_checkpoint(checkpoint: Any, checkpoint_dir_name: str) -> Any:

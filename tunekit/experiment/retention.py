@@ -1,15 +1,10 @@
 """Which checkpoints a retention policy keeps: the one planner of ``tunekit gc`` and the ``KeepCheckpoints`` callback.
 
-:func:`plan` is a pure function of the trials' checkpoints, the policy and what
-the caller knows is still needed. The checkpoints kept are the union of three
-selections (as Determined's GC policy): the ``experiment_best`` best of the
-whole experiment, the ``trial_best`` best of each trial (by ``metric`` in
-``mode``), and the ``trial_latest`` newest of each trial; and, whatever the
-selections, the newest checkpoint of each unfinished trial (what a retry or
-``tunekit resume`` restores) and what the caller names as needed: the callback
-what the scheduler may restore and what is being written. Each caller decides
-which checkpoints count (whole ones for the callback, ones that verify for
-``gc``): one that does not count never makes a counted one expendable.
+:func:`plan` is a pure function of the trials' checkpoints, the policy and what the caller knows is still
+needed (the callback: what the scheduler may restore and what is being written). It keeps the union of the
+selections (as Determined's GC policy: ``experiment_best``, ``trial_best`` by ``metric`` in ``mode``,
+``trial_latest``), each unfinished trial's newest (what a retry or ``tunekit resume`` restores) and what is
+needed. The caller says which checkpoints count (whole ones for the callback, ones that verify for ``gc``).
 """
 
 from __future__ import annotations

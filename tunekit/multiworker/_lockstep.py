@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DECIDE_KEY", "Decisions", "ENDED_KEY", "GROUP_KEY", "LOCKSTEP_KEYS", "RUN_KEY", "SAVED_FOR_KEY",
-           "START_KEYS", "TrainRun", "decisions_actor", "lockstep_trainable"]
+__all__ = ["DECIDE_KEY", "Decisions", "ENDED_KEY", "GROUP_KEY", "LOCKSTEP_KEYS", "SAVED_FOR_KEY",
+           "START_KEYS", "TrainRun", "decisions_actor", "lockstep_trainable", "own_run",
+           "release_run", "run_of_trial"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +42,6 @@ DECIDE_KEY, SAVED_FOR_KEY, ENDED_KEY = "tunekit/decide", "tunekit/saved_for", "t
 START_KEYS = ("tunekit/start_from", "tunekit/written_before")
 #: Metrics key through which rank 0 tells the trial its worker group's placement group (never reaches Tune).
 GROUP_KEY = "tunekit/placement_group"
-#: Key under which a multi-worker trial's trainable hands its :class:`TrainRun` to the trial's function.
-RUN_KEY = "tunekit/train_run"
 
 
 @dataclass
@@ -154,6 +153,34 @@ class TrainRun:
             logger.warning("tunekit: could not stop the trial's Train run: %s", exc)
 
 
+#: The Train run of each trial running in this process, by trial id: its trainable owns it and registers it
+#: (:func:`own_run`), the trial's function finds it (:func:`run_of_trial`).
+_LIVE: dict[str, TrainRun] = {}
+
+
+def own_run(trainable: Any) -> TrainRun:
+    """``trainable``'s Train run, registered under its trial id (again after a reset to another trial)."""
+    run = trainable.__dict__.setdefault("_train_run", TrainRun())
+    _LIVE.pop(trainable.__dict__.get("_train_run_of", ""), None)
+    trainable.__dict__["_train_run_of"] = trainable.trial_id
+    _LIVE[trainable.trial_id] = run
+    return run
+
+
+def release_run(trainable: Any) -> None:
+    """Tune stops ``trainable``'s trial: its run is stopped and no longer registered."""
+    run = trainable.__dict__.get("_train_run")
+    if run is not None:
+        run.stop()
+    _LIVE.pop(trainable.__dict__.pop("_train_run_of", ""), None)
+
+
+def run_of_trial(trial_id: str) -> TrainRun:
+    """The Train run the trainable of ``trial_id`` owns in this process (a new one when none is registered: a
+    trial function called by another function, whose Train run nothing stops but its own end)."""
+    return _LIVE.get(trial_id) or TrainRun()
+
+
 class Decisions:
     """The trial's decisions, each posted once under its key and read by every rank (a Ray async actor)."""
 
@@ -191,7 +218,7 @@ def lockstep_trainable(trial: Callable[[dict[str, Any]], None], name: str, mixin
     from tunekit.trial.kind import TrainableKind
 
     def _elsewhere_writer(self: Any) -> Callable[[str], Any] | None:
-        run = self.train_run
+        run = own_run(self)
         path = run.ask_for_checkpoint()
         if path is None or run.write_pointer is None:
             return None

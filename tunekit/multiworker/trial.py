@@ -30,8 +30,9 @@ from ray.train import UserCallback
 from tunekit.errors import CheckpointError, ConfigError
 from tunekit.checkpoint._layout import POINTER_KEY
 from tunekit import _ray
-from tunekit.multiworker._lockstep import (DECIDE_KEY, ENDED_KEY, GROUP_KEY, LOCKSTEP_KEYS, RUN_KEY, SAVED_FOR_KEY,
-                                           START_KEYS, TrainRun, decisions_actor, lockstep_trainable)
+from tunekit.multiworker._lockstep import (DECIDE_KEY, ENDED_KEY, GROUP_KEY, LOCKSTEP_KEYS, SAVED_FOR_KEY, START_KEYS,
+                                           TrainRun, decisions_actor, lockstep_trainable, own_run, release_run,
+                                           run_of_trial)
 from tunekit.multiworker._pointer import checkpoint_names, drop_cut_short, write_pointer
 from tunekit.multiworker.session import with_end_handshake
 from tunekit.trial.kind import TrainableKind
@@ -88,7 +89,7 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
         from ray.train.torch import TorchConfig, TorchTrainer
         from ray.util.queue import Queue
 
-        run: TrainRun = config.pop(RUN_KEY, None) or TrainRun()  # (the trainable's own)
+        run = run_of_trial(tune.get_context().get_trial_id())  # (its trainable's own)
         group = config.get("workers", workers)
         if group != workers:  # (the config's own: refused before Train waits for what it can never place)
             if isinstance(group, bool) or not isinstance(group, int) or group < 1:
@@ -131,7 +132,7 @@ def train_trial(train_loop_per_worker: Callable[[dict[str, Any]], None], *, work
     trial.__module__ = getattr(train_loop_per_worker, "__module__", __name__)
     trial.tunekit_trainable = TrainableKind(multiworker=True)  # type: ignore[attr-defined]  # (tunekit check says it cannot check it)
     if not lockstep:
-        return _ray.function_class(trial, _OwnsTrainRun)
+        return _ray.with_function_mixin(trial, _OwnsTrainRun)
     return lockstep_trainable(trial, name, _OwnsTrainRun,
                               {"workers": workers, "cpus_per_worker": cpus_per_worker, "use_gpu": use_gpu})
 
@@ -204,29 +205,28 @@ class _Reporter(UserCallback):
         self.queue.put((first, checkpoint.path if checkpoint else None, group, controller))
 
 
-class _OwnsTrainRun(_ray.HandsToFunction):
+class _OwnsTrainRun:
     """Mixed into Tune's class for a :func:`train_trial` trainable: each instance owns its trial's
-    :class:`~tunekit.multiworker._lockstep.TrainRun`, hands it to the trial's function, and stops the run
-    when Tune stops the trial while it is live (a PBT pause or exploit, a stop condition, an actor reused
-    for another trial): the stopped trial's CPUs would otherwise stay held for good."""
+    :class:`~tunekit.multiworker._lockstep.TrainRun`, which the trial's function finds by its trial id, and
+    stops the run when Tune stops the trial while it is live (a PBT pause or exploit, a stop condition, an
+    actor reused for another trial): the stopped trial's CPUs would otherwise stay held for good."""
 
     #: What KeepCheckpoints and ``tunekit check`` tell a multi-worker trial's class by.
     tunekit_trainable = TrainableKind(multiworker=True)
 
-    @property
-    def train_run(self) -> TrainRun:
-        return self.__dict__.setdefault("_train_run", TrainRun())
-
-    def function_extras(self) -> dict[str, Any]:
-        return {RUN_KEY: self.train_run}
+    def setup(self, config: dict[str, Any]) -> None:
+        super().setup(config)  # type: ignore[misc]
+        own_run(self)
 
     def cleanup(self) -> None:
-        self.train_run.stop()
+        release_run(self)
         super().cleanup()  # type: ignore[misc]
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
-        self.train_run.stop()
-        return super().reset_config(new_config)  # type: ignore[misc]
+        release_run(self)
+        reset = super().reset_config(new_config)  # type: ignore[misc]
+        own_run(self)
+        return reset
 
 
 def _drive(trainer: Any, run: TrainRun, queue: Any, decisions: Any, pointer: Callable[[str, str], Any],
