@@ -143,6 +143,38 @@ def test_an_actor_handle_knows_its_methods(ray_session):
         ray.kill(handle)
 
 
+_OTHER_RAY = """
+import os, sys, ray
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+Bystander = ray.remote(num_cpus=0)(type("TunekitBystander", (), {"pid": lambda self: os.getpid()}))
+print(ray.get(Bystander.remote().pid.remote()), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_actor_workers_are_the_connected_rays_only(ray_session):
+    """A worker's process title is ``ray::<Class>`` and its raylet names the cluster's GCS address: of two Rays
+    on one machine with same-titled workers, actor_workers names only the connected one's."""
+    import os
+    import subprocess
+    import sys
+
+    import ray
+
+    Bystander = ray.remote(num_cpus=0)(type("TunekitBystander", (), {"pid": lambda self: os.getpid()}))
+    own = Bystander.remote()
+    other = subprocess.Popen([sys.executable, "-c", _OTHER_RAY], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        own_pid, other_pid = ray.get(own.pid.remote()), int(other.stdout.readline())
+        with open(f"/proc/{other_pid}/cmdline", "rb") as fh:
+            assert fh.read().startswith(b"ray::TunekitBystander"), "Ray changed: a worker's process title"
+        assert _ray.actor_workers("TunekitBystander") == [own_pid], "Ray changed: the raylet's --gcs-address"
+    finally:
+        ray.kill(own)
+        other.communicate("", timeout=120)
+
+
 def test_storage_and_trainable_internals_behave_as_relied_on(ray_session, tmp_path):
     """A tunekit class trainable in this process saves in place and restores through every private name."""
     from tunekit.trainables import DigitsTrainable

@@ -49,13 +49,17 @@ Private names, by owner:
   deleted checkpoint (:mod:`tunekit._ray.retention`).
 * Loggers whose exact messages the quickstart filters (see
   :func:`quiet_ray_notices`).
+* Ray's process titles (``ray::<Class>``) and the raylet's ``--gcs-address`` flag: which
+  processes of this machine are the workers of the Ray this process is connected to
+  (:func:`actor_workers`, for the failure injector's random kills).
 * The ``colorama`` Ray vendors (``ray/thirdparty_files``): its ``init()``
   registers an exit hook that writes a colour reset to a terminal, after
   the command's last line (:func:`drop_color_reset_at_exit`).
 
 This package's ``__init__`` holds the trainable, session and storage names;
 :mod:`tunekit._ray.pbt` the PBT hooks, :mod:`tunekit._ray.output` the output
-filters, :mod:`tunekit._ray.upload` a checkpoint's way to the trial's storage. Everything is re-exported here: tunekit calls ``_ray.<name>``.
+filters, :mod:`tunekit._ray.upload` a checkpoint's way to the trial's storage, :mod:`tunekit._ray.processes`
+the workers' processes. Everything is re-exported here: tunekit calls ``_ray.<name>``.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ from tunekit._ray.pbt import (
     PBTWithDonorChoice, clone_in_place, finish_next_save_in_place, note_saves, pin_donor_checkpoint, supports_clone,
     synchronous_saves
 )
+from tunekit._ray.processes import actor_workers
 from tunekit._ray.upload import report_checkpoint_dir, report_with_checkpoint, session_storage
 from tunekit._ray.retention import (
     calling_scheduler, drop_vanished_checkpoints, forget_checkpoints, registered_checkpoints, replace_checkpoint,
@@ -81,7 +86,7 @@ from tunekit._ray.retention import (
 )
 
 __all__ = [
-    "FUNCTION_RUNNER_METHODS", "PBTWithDonorChoice", "RAY_NOTICES", "RAY_SYNC_FAILURE",
+    "FUNCTION_RUNNER_METHODS", "PBTWithDonorChoice", "RAY_NOTICES", "RAY_SYNC_FAILURE", "actor_workers",
     "RAY_WARNINGS", "TrainingResult", "adopt_function_runner", "adopt_result", "calling_scheduler",
     "clear_last_reported", "clone_in_place", "drop_color_reset_at_exit", "drop_vanished_checkpoints",
     "finish_next_save_in_place", "forget_checkpoints", "forget_tunekit_metrics",

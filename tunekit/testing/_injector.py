@@ -7,7 +7,8 @@ names its writer in its staging directory (``.checkpoint_N.partial-HOST-PID-X``)
 the process writing it are both on disk, and a kill lands *inside* the write. The phase it landed in is read
 from the staging directory the moment after the kill: before ``state.pt`` was whole, before the manifest,
 or after the rename (too late: the checkpoint was complete). With ``mean_interval_s`` it also kills a
-random trial worker (found by Ray's process title ``ray::<Trainable>``) at exponential intervals.
+random trial worker of the Ray this driver is connected to (found by Ray's process title
+``ray::<Trainable>``; another Ray's workers on the machine are left alone) at exponential intervals.
 
 :func:`invariant_violations` is the check after a run, on tunekit's own files only (never on Ray's
 ``metrics_dataframe``): every trial finished (none in ERROR), each trial's newest checkpoint exists and
@@ -28,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tunekit import _ray
 from tunekit.checkpoint._manifest import MANIFEST_FILE
 from tunekit.checkpoint._trial_dir import STAGING, leftovers
 
@@ -57,7 +59,8 @@ class Injector:
         writes: Kill the writer of this fraction of the checkpoint writes seen (0 to 1).
         mean_interval_s: Also kill a random trial worker at exponential intervals of this mean (None: never).
         max_kills: Stop after this many kills.
-        trainable: The process title prefix of trial workers (``ray::<name>``), for random kills.
+        trainable: The process title prefix of trial workers (``ray::<name>``), for random kills: only
+            workers of the Ray the driver is connected to are chosen.
         seed: The random choices' seed.
         aim: Where inside a doomed write to kill: None, anywhere (a uniform time within a typical write's
             length: most kills land before ``state.pt`` is whole, the longest phase); ``"manifest"``, once
@@ -129,7 +132,7 @@ class Injector:
                     del doomed[path]
                     self._kill_writer(path, pid)
             if next_random is not None and time.monotonic() >= next_random:
-                workers = _workers(self.trainable)
+                workers = _ray.actor_workers(self.trainable)
                 if workers:
                     pid = rng.choice(workers)
                     if _sigkill(pid):
@@ -187,22 +190,6 @@ def _sigkill(pid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
-
-
-def _workers(trainable: str) -> list[int]:
-    """Pids of live Ray workers running a ``trainable`` actor (their process title is ``ray::<name>...``)."""
-    prefix = f"ray::{trainable}".encode()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as fh:
-                if fh.read().startswith(prefix):
-                    out.append(int(name))
-        except OSError:
-            continue
-    return out
 
 
 def invariant_violations(experiment: str, grid: Any = None, *, reference: dict[str, Any] | None = None,
