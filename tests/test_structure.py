@@ -190,6 +190,7 @@ TESTED_BY = {
     "tunekit._lazy": ["tests/test_structure.py"],
     "tunekit._ray.output": ["tests/test_cli.py", "tests/tunekit/test_ray_contract.py"],
     "tunekit._ray.pbt": ["tests/tunekit/test_ray_contract.py", "tests/trainables/test_pbt_exploit.py"],
+    "tunekit._ray.processes": ["tests/tunekit/test_ray_contract.py", "tests/test_readme.py"],
     "tunekit.analysis._lineage": ["tests/tunekit/test_analysis.py", "tests/trainables/test_pbt_recipe.py"],
     "tunekit.analysis._status_text": ["tests/tunekit/test_snapshot.py", "tests/tunekit/test_readers_truth.py"],
     "tunekit.check": ["tests/test_readme.py"],

@@ -86,8 +86,8 @@ from tunekit._ray.retention import (
 )
 
 __all__ = [
-    "FUNCTION_RUNNER_METHODS", "PBTWithDonorChoice", "RAY_NOTICES", "RAY_SYNC_FAILURE", "actor_workers",
-    "RAY_WARNINGS", "TrainingResult", "adopt_function_runner", "adopt_result", "calling_scheduler",
+    "FUNCTION_RUNNER_METHODS", "PBTWithDonorChoice", "RAY_NOTICES", "RAY_SYNC_FAILURE",
+    "RAY_WARNINGS", "TrainingResult", "actor_workers", "adopt_function_runner", "adopt_result", "calling_scheduler",
     "clear_last_reported", "clone_in_place", "drop_color_reset_at_exit", "drop_vanished_checkpoints",
     "finish_next_save_in_place", "forget_checkpoints", "forget_tunekit_metrics",
     "function_runner_cleanup", "function_runner_reset", "give_session_checkpoint", "has_local_storage",
