@@ -75,7 +75,7 @@ def loop(config: dict[str, Any]) -> None:
     ``seed``, ``lr``, ``epochs``, ``steps``, ``out`` (where rank 0
     writes ``final.pt``: the full weights at the end), ``fault``: ``{"rank", "iteration", "step" | "phase",
     "marker"}``; ``resume_from``: a checkpoint to start from; ``dump_restored``: rank 0 writes the full restored weights and iteration there, and the loop
-    ends (that rank SIGKILLs itself once: mid-epoch at that step, or inside its checkpoint write at
+    ends (``train_after_dump``: trains on) (that rank SIGKILLs itself once: mid-epoch at that step, or inside its checkpoint write at
     that write phase)."""
     import ray.train
     import ray.train.torch
@@ -105,11 +105,12 @@ def loop(config: dict[str, Any]) -> None:
     state = TrainingState(models={"model": model}, optimizers={"opt": opt},
                           data=stream if config.get("stream_in_state", True) else None)
     session = WorkerSession(state, config=config, resume_from=config.get("resume_from"))
-    if config.get("dump_restored"):  # a resharding test: the whole restored state, then stop
+    if config.get("dump_restored"):  # a resharding test: the whole restored state, then stop (or train on)
         full = full_model_state(model)
         if rank == 0:
             torch.save({"weights": full, "iteration": session.iteration}, config["dump_restored"])
-        return
+        if not config.get("train_after_dump"):
+            return
     faults = [f for f in config.get("faults", []) if f["rank"] == rank]
     while session.iteration < config["epochs"]:
         now = [f for f in faults if f["iteration"] == session.iteration + 1]

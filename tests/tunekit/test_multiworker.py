@@ -220,14 +220,15 @@ def _reads_offline(experiment: Path, newest: Path, final: dict, tmp_path: Path) 
 
 def _reshards_and_falls_back(experiment: Path, checkpoints: list[Path], final: dict, tmp_path: Path, capsys) -> None:
     _reads_offline(experiment, checkpoints[-1], final, tmp_path)
-    # written by 2 workers, restored by 1: resharded, the full state equal
-    on_one = _restore(checkpoints[-1], 1, tmp_path / "on-one.pt")
-    assert on_one["iteration"] == CONFIG["epochs"]
-    assert all(torch.equal(on_one["weights"][k], final[k]) for k in final)
-    # written by 1 worker (one more epoch from there), restored by 2: resharded the other way
+    # written by 2 workers, restored by 1 (resharded, the full state equal), which trains one more epoch and
+    # writes a checkpoint of 1 worker; that one restored by 2: resharded the other way
     (tmp_path / "one").mkdir()
     by_one = Path(_train(1, tmp_path / "one-run", epochs=CONFIG["epochs"] + 1, resume_from=str(checkpoints[-1]),
-                         out=str(tmp_path / "one")).checkpoint.path)
+                         out=str(tmp_path / "one"), dump_restored=str(tmp_path / "on-one.pt"),
+                         train_after_dump=True).checkpoint.path)
+    on_one = torch.load(tmp_path / "on-one.pt", weights_only=True)
+    assert on_one["iteration"] == CONFIG["epochs"]
+    assert all(torch.equal(on_one["weights"][k], final[k]) for k in final)
     assert json.loads((by_one / "ranks.json").read_text())["world_size"] == 1 and verify_checkpoint(str(by_one)).ok
     on_two = _restore(by_one, 2, tmp_path / "on-two.pt")
     assert on_two["iteration"] == CONFIG["epochs"] + 1
