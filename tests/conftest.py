@@ -28,7 +28,7 @@ os.environ.pop("AWS_SESSION_TOKEN", None)
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-# Each test process (pytest-xdist runs two) keeps its Rays' files, and the address a `ray start` or a test
+# Each test process (pytest-xdist runs three) keeps its Rays' files, and the address a `ray start` or a test
 # cluster leaves there for bare ray.init() calls, in a directory of its own: no test, notebook or snippet
 # joins another process's Ray. (Short: Ray's socket paths under it must stay within the OS's limit.)
 os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="tkray-", dir="/tmp")
