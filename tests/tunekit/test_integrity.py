@@ -268,6 +268,37 @@ def test_a_newer_manifest_format_is_unsupported_not_corrupt(pristine, tmp_path, 
     assert "checkpoint_000001 is unsupported: written by a newer tunekit" in capsys.readouterr().out
 
 
+def test_a_donors_deleted_checkpoint_never_carries_the_clone_past_the_iteration_pbt_chose(tmp_path):
+    """Ray's own PBT (no pin) chose a donor checkpoint that num_to_keep deleted before the clone read it: the
+    donor's newest before it stands in, else the clone's own newest (the exploit undone), and only then the
+    donor's newer ones, oldest first."""
+    from tunekit.trial._restoring import prepare_restore
+
+    exp = tmp_path / "exp"
+
+    def ckpt(trial: str, index: int) -> Path:
+        directory = exp / trial / f"checkpoint_{index:06d}"
+        write_checkpoint(directory, {"counters": {"iteration": 2 * index + 2}}, metadata={"iteration": 2 * index + 2})
+        return directory
+
+    def restored(requested: Path) -> str:
+        result, temps = prepare_restore(str(requested), trial_dir=str(exp / "clone"))
+        assert not temps
+        return Path(result.checkpoint.path).relative_to(exp).as_posix()
+
+    ckpt("donor", 5), ckpt("donor", 7)
+    ckpt("clone", 2)
+    assert restored(exp / "donor" / "checkpoint_000004") == "clone/checkpoint_000002"
+    ckpt("donor", 3)
+    assert restored(exp / "donor" / "checkpoint_000004") == "donor/checkpoint_000003"
+    shutil.rmtree(exp / "donor" / "checkpoint_000003"), shutil.rmtree(exp / "clone")
+    assert restored(exp / "donor" / "checkpoint_000004") == "donor/checkpoint_000005"
+    # the trial's own deleted checkpoint: its newest good one, newer ones included (as before)
+    ckpt("clone", 1)
+    ckpt("clone", 6)
+    assert restored(exp / "clone" / "checkpoint_000004") == "clone/checkpoint_000006"
+
+
 @pytest.mark.skipif(not hasattr(torch.serialization, "set_crc32_options"), reason="torch < 2.5 has no CRC32 switch")
 def test_a_checkpoint_skips_torch_crc32_and_leaves_the_users_setting_as_it_was(tmp_path):
     """state.pt is written without the zip CRC32 (XXH3 covers it); torch.load reads it; torch.save keeps its CRC."""

@@ -16,7 +16,8 @@ Call order on ``restore(checkpoint)`` (followed by
    checkpoint is fetched once (a local copy if it lives on remote storage)
    and verified. A damaged one is skipped for the same trial's newest good
    checkpoint before it (kept copies included), a deleted one for its newest
-   good one, with a warning naming what was skipped; if there is none,
+   good one (a PBT donor's deleted one: the donor's newest before it, else the
+   restoring trial's own newest, see :func:`_candidates`), with a warning naming what was skipped; if there is none,
    restoring fails with a :class:`~tunekit.CheckpointError` saying so. The
    first-write-interrupted rule: a trial whose first two-phase write died
    starts afresh. A checkpoint the training code wrote itself (no tunekit
@@ -202,8 +203,26 @@ def prepare_restore(checkpoint: Any, *, trial_dir: str | None = None,
 
 def _candidates(checkpoint: tune.Checkpoint, trial_dir: str | None, missing: bool) -> list[tune.Checkpoint]:
     """What may stand in for ``checkpoint``, best first: for a PBT clone's pin released meanwhile the clone's own
-    checkpoints since (:func:`_after_clone`); the trial's others (:func:`_other_checkpoints`)."""
-    return (_after_clone(checkpoint, trial_dir) if missing else []) + _other_checkpoints(checkpoint, newer_too=missing)
+    checkpoints since (:func:`_after_clone`); the trial's others (:func:`_other_checkpoints`).
+
+    A PBT donor's checkpoint deleted before the clone read it (Ray's own PBT keeps no pin: the donor trained
+    on and ``num_to_keep`` deleted it) stands for the donor's state at the iteration PBT chose. What stands in,
+    best first: the donor's newest checkpoint before it; the restoring trial's own newest (the exploit undone:
+    the trial goes on from its own state with the new config); only then the donor's newer ones, oldest
+    first, which carry the clone past the iteration PBT chose (and a trial that clones a finished donor past
+    its stop)."""
+    if not missing:
+        return _other_checkpoints(checkpoint, newer_too=False)
+    after_clone = _after_clone(checkpoint, trial_dir)
+    donor = posixpath.dirname(checkpoint.path.rstrip("/"))
+    if trial_dir is None or posixpath.basename(donor) == posixpath.basename(trial_dir.rstrip("/")):
+        return after_clone + _other_checkpoints(checkpoint, newer_too=True)
+    fs = checkpoint.filesystem
+    own = [tune.Checkpoint(path, filesystem=fs) for _, path in restorable_checkpoints(fs, trial_dir, lambda i: True)]
+    older = _other_checkpoints(checkpoint, newer_too=False)
+    known = {c.path for c in older}
+    newer = [c for c in reversed(_other_checkpoints(checkpoint, newer_too=True)) if c.path not in known]
+    return after_clone + older + own + newer
 
 
 def _after_clone(checkpoint: tune.Checkpoint, trial_dir: str | None) -> list[tune.Checkpoint]:
