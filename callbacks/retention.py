@@ -164,12 +164,13 @@ class KeepCheckpoints(TunekitCallback):
         # a whole one expendable (it is kept while newer than the newest whole one: ``_needed``). A settled
         # trial's best still compete for ``experiment_best``, in the trials' order.
         complete = {tid: [c for c in cs if self._complete(where[c.uri][1])] for tid, cs in by_trial.items()}
-        counted = {trial.trial_id: TrialCheckpoints(complete[trial.trial_id],
-                                                    finished=trial.status == Trial.TERMINATED)
-                   for trial in open_trials}
+        settled: dict[str, list[CheckpointSummary]] = {}
         for _, _, tid, summary in self._settled_top:
-            counted.setdefault(tid, TrialCheckpoints([])).checkpoints.append(summary)
-        counted = dict(sorted(counted.items(), key=lambda entry: self._order.get(entry[0], 0)))
+            settled.setdefault(tid, []).append(summary)
+        finished = {trial.trial_id: trial.status == Trial.TERMINATED for trial in open_trials}
+        ids = sorted(dict.fromkeys([*finished, *settled]), key=lambda tid: self._order.get(tid, 0))
+        counted = {tid: TrialCheckpoints([*complete.get(tid, []), *settled.get(tid, [])],
+                                         finished=finished.get(tid, True)) for tid in ids}
         kept = plan(counted, self.policy, self._needed(open_trials, by_trial, where,
                                                        scheduler=None if over else self._scheduler))
         doomed = [path for path in where if path not in kept.keep]
@@ -389,8 +390,8 @@ def _delete_train_checkpoint(fs: pafs.FileSystem, target: str, trial_dir: str, r
     then ``target`` stays."""
     newest = max((int(m[1]) for p in registered if (m := CHECKPOINT_DIR.match(posixpath.basename(p)))), default=-1)
     strays = []
-    for entry in scan(fs, trial_dir):
-        if entry.kind != "checkpoint" or entry.path in registered:
+    for entry in scan(fs, trial_dir, ("checkpoint",)):
+        if entry.path in registered:
             continue
         if _train_target(tune.Checkpoint(entry.path, filesystem=fs)) == target:
             if entry.index > newest:

@@ -43,7 +43,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import NamedTuple
 
 import pyarrow.fs as pafs
@@ -101,14 +101,17 @@ class Entry(NamedTuple):
     index: int
 
 
-def scan(fs: pafs.FileSystem, trial_dir: str) -> list[Entry]:
-    """Every checkpoint directory of ``trial_dir``, typed, in one listing (none if it is missing).
+def scan(fs: pafs.FileSystem, trial_dir: str, kinds: Collection[str] | None = None) -> list[Entry]:
+    """Every checkpoint directory of ``trial_dir`` (those of ``kinds`` only, if given), typed, in one listing
+    (none if it is missing).
 
     "kept": a complete checkpoint kept while a newer one was written; "pinned": a checkpoint pinned for a PBT
     clone that has not read it yet (a paused trial's: its resume reads it); "damaged": a damaged checkpoint's
     copy that ``tunekit resume`` kept; "writing": a staging directory whose writer is alive; "interrupted":
-    one whose writer is gone (killed in the middle of the write).
+    one whose writer is gone (killed in the middle of the write). A staging directory's writer is looked up
+    only when ``kinds`` asks for one of those two.
     """
+    staging = kinds is None or "writing" in kinds or "interrupted" in kinds
     out = []
     for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
         name = info.base_name
@@ -117,10 +120,13 @@ def scan(fs: pafs.FileSystem, trial_dir: str) -> list[Entry]:
         for kind, pattern in _KINDS:
             if m := pattern.match(name):
                 if kind == "staging":
+                    if not staging:
+                        break
                     local = isinstance(fs, pafs.LocalFileSystem)
                     live = local and m["pid"] is not None and writer_alive(m["host"], int(m["pid"]))
                     kind = "writing" if live else "interrupted"
-                out.append(Entry(name, info.path, kind, int(m["index"])))
+                if kinds is None or kind in kinds:
+                    out.append(Entry(name, info.path, kind, int(m["index"])))
                 break
     return out
 
@@ -128,8 +134,8 @@ def scan(fs: pafs.FileSystem, trial_dir: str) -> list[Entry]:
 def restorable_checkpoints(fs: pafs.FileSystem, trial_dir: str, wanted: Callable[[int], bool]) -> list[tuple[int, str]]:
     """The checkpoint directories and kept copies in ``trial_dir`` whose index ``wanted`` accepts, in one
     listing: ``(index, path)`` each, newest first, a real directory before the kept copy of its index."""
-    found = [(e.index, e.kind == "checkpoint", e.path) for e in scan(fs, trial_dir)
-             if e.kind in ("checkpoint", "kept") and wanted(e.index)]
+    found = [(e.index, e.kind == "checkpoint", e.path) for e in scan(fs, trial_dir, ("checkpoint", "kept"))
+             if wanted(e.index)]
     return [(index, path) for index, _, path in sorted(found, reverse=True)]
 
 
