@@ -238,11 +238,11 @@ def _scored(config):
 
 
 def test_finished_trials_settle_and_the_experiments_best_stays_whoever_holds_it(ray_session, storage):
-    """Ten trials of 3 checkpoints, one after another; the experiment's two best: trial 6's first (a score of
+    """Five trials of 3 checkpoints, one after another; the experiment's two best: trial 3's first (a score of
     100, kept although not its newest) and trial 0's newest. A finished trial holding only its newest is
     settled (not walked again); what it holds still competes for the experiment's best."""
-    scores = {k: [10.0 * i - k for i in (1, 2, 3)] for k in range(10)}
-    scores[6][0] = 100.0
+    scores = {k: [10.0 * i - k for i in (1, 2, 3)] for k in range(5)}
+    scores[3][0] = 100.0
     keep = KeepCheckpoints(trial_latest=1, experiment_best=2, metric="score", mode="max")
     seen: list[set[tuple[int, int]]] = []
 
@@ -255,21 +255,21 @@ def test_finished_trials_settle_and_the_experiments_best_stays_whoever_holds_it(
 
     grid = tune.Tuner(
         tune.with_resources(_scored, {"cpu": 2}),  # one at a time: each finishes before the next starts
-        param_space={"k": tune.grid_search(list(range(10))), "scores": tune.sample_from(lambda s: scores[s.config.k])},
+        param_space={"k": tune.grid_search(list(range(5))), "scores": tune.sample_from(lambda s: scores[s.config.k])},
         run_config=tune.RunConfig(name="settle", storage_path=str(storage), verbose=0, callbacks=[keep, Finished()]),
     ).fit()
     assert not grid.errors
-    assert keep.settled >= 8  # every trial but 6 (two kept) settles when it finishes
+    assert keep.settled >= 3  # every trial but 3 (two kept) settles when it finishes
     # as the run goes, not only at its end: each finished trial's newest and the best two so far, nothing more
     def expected(j):
         so_far = sorted(((scores[k][i], k, i) for k in range(j + 1) for i in range(3)), reverse=True)
         return {(k, 2) for k in range(j + 1)} | {(k, i) for _, k, i in so_far[:2]}
 
-    assert seen == [expected(j) for j in range(10)]
+    assert seen == [expected(j) for j in range(5)]
     left = {(r.config["k"], int(Path(p).name.split("_")[1])) for r in grid
             for p in (Path(r.path).glob("checkpoint_*"))}
-    assert left == {(k, 2) for k in range(10)} | {(6, 0)}  # each newest (index 2), and trial 6's 100
-    assert keep.deleted == 10 * 3 - len(left)
+    assert left == {(k, 2) for k in range(5)} | {(3, 0)}  # each newest (index 2), and trial 3's 100
+    assert keep.deleted == 5 * 3 - len(left)
 
 
 def test_a_budget_counts_each_train_checkpoint_of_a_multi_worker_trial_once(tmp_path):
