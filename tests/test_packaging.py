@@ -121,3 +121,8 @@ def test_import_tunekit_is_lazy(tmp_path):
     assert done.stdout.strip() == "[] True"
     done = _python("import tunekit; tunekit.nothing_here", cwd=tmp_path)
     assert "AttributeError: module 'tunekit' has no attribute 'nothing_here'" in done.stderr
+    # the failure injector is imported by a driver before its Ray starts: it loads Ray only to kill at random
+    done = _python("import sys, tunekit.testing\nprint(sorted(m for m in ('ray', 'torch') if m in sys.modules))",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

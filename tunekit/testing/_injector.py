@@ -29,7 +29,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunekit import _ray
 from tunekit.checkpoint._manifest import MANIFEST_FILE
 from tunekit.checkpoint._trial_dir import STAGING, leftovers
 
@@ -132,7 +131,9 @@ class Injector:
                     del doomed[path]
                     self._kill_writer(path, pid)
             if next_random is not None and time.monotonic() >= next_random:
-                workers = _ray.actor_workers(self.trainable)
+                from tunekit._ray import actor_workers  # (imports Ray: only once a random kill is due)
+
+                workers = actor_workers(self.trainable)
                 if workers:
                     pid = rng.choice(workers)
                     if _sigkill(pid):
