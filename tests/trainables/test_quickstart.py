@@ -244,3 +244,20 @@ def test_ctrl_c_during_quickstart_is_shown_as_interrupted_and_resume_finishes_it
         assert trial.iterations == iterations and max(c.iteration for c in trial.checkpoints) == iterations
         assert read_metadata(str(experiment / trial.name / max(trial.checkpoints, key=lambda c: c.iteration).name)
                              )["iteration"] == iterations
+
+
+def test_digits_are_scikit_learns_read_without_importing_it(tmp_path):
+    """The trainables' digits are ``load_digits()``'s arrays, read without scikit-learn's import in the worker."""
+    probe = ("import sys, numpy as np\n"
+             "from tunekit.trainables.digits import _digits_arrays, load_digits_data\n"
+             "x, y = _digits_arrays(); load_digits_data()\n"
+             "assert 'sklearn' not in sys.modules, 'scikit-learn was imported'\n"
+             "np.save(sys.argv[1], np.concatenate([x, y[:, None]], axis=1))\n")
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    out = tmp_path / "digits.npy"
+    subprocess.run([sys.executable, "-c", probe, str(out)], check=True, timeout=300)
+    table = np.load(out)
+    bunch = load_digits()
+    assert np.array_equal(table[:, :-1], bunch.data) and np.array_equal(table[:, -1].astype(int), bunch.target)
