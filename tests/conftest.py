@@ -237,20 +237,45 @@ def s3_bucket(s3_server: S3Server) -> Iterator[S3Bucket]:
     s3_server.start()
 
 
+def _built_once(tmp_path_factory, name: str, build) -> Path:
+    """``build(directory)`` run once for all of this session's test processes (pytest-xdist runs three): the
+    first to ask builds into a directory they share, under a lock; the others wait for it, then read it. What
+    is built this way is read-only: a test copies it before changing anything."""
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # (each process's own temporary directories lie in this one)
+    where, done = shared / f"built-{name}", shared / f"built-{name}.done"
+    with open(shared / f"built-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not done.exists():
+                shutil.rmtree(where, ignore_errors=True)  # (a build that failed part of the way)
+                where.mkdir()
+                build(where)
+                done.touch()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return where
+
+
 @pytest.fixture(scope="session")
 def ray_example_runs(tmp_path_factory) -> dict[str, Path]:
-    """Ray's own example scripts, run unchanged (``--smoke-test``), results under a fresh HOME."""
-    home = tmp_path_factory.mktemp("home")
-    env = {**os.environ, "HOME": str(home), "RAY_AUTH_MODE": "disabled"}
-    runs = {}
-    for script, name in [("pbt_function.py", "pbt_function_api_example"), ("custom_func_checkpointing.py", "hyperband_test")]:
-        proc = subprocess.run(
-            [sys.executable, str(_ray_examples() / script), "--smoke-test"],
-            cwd=home, env=env, capture_output=True, text=True, timeout=600,
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        runs[script] = home / "ray_results" / name
-    return runs
+    """Ray's own example scripts, run unchanged (``--smoke-test``), results under a fresh HOME (built once)."""
+    runs = {"pbt_function.py": "pbt_function_api_example", "custom_func_checkpointing.py": "hyperband_test"}
+
+    def build(home: Path) -> None:
+        env = {**os.environ, "HOME": str(home), "RAY_AUTH_MODE": "disabled"}
+        for script in runs:
+            proc = subprocess.run(
+                [sys.executable, str(_ray_examples() / script), "--smoke-test"],
+                cwd=home, env=env, capture_output=True, text=True, timeout=600,
+            )
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    home = _built_once(tmp_path_factory, "ray-examples", build)
+    return {script: home / "ray_results" / name for script, name in runs.items()}
 
 
 def _ray_examples() -> Path:
@@ -261,20 +286,21 @@ def _ray_examples() -> Path:
 
 @pytest.fixture(scope="session")
 def pbt_experiment(ray_session, tmp_path_factory) -> Path:
-    """A real synchronous PBT run of 4 digits trials with ParquetLogger (see tests/runs.py)."""
+    """A real synchronous PBT run of 4 digits trials with ParquetLogger (see tests/runs.py), built once."""
     from tests.runs import run_pbt_experiment
 
-    return run_pbt_experiment(tmp_path_factory.mktemp("pbt"))
+    return _built_once(tmp_path_factory, "pbt", run_pbt_experiment) / "pbt"
 
 
 @pytest.fixture(scope="session")
 def quickstart_experiment(ray_session, tmp_path_factory) -> Path:
-    """`tunekit quickstart`'s own sweep (4 trials x 8 iterations, PBT, ParquetLogger), run once; copy before damaging."""
+    """`tunekit quickstart`'s own sweep (4 trials x 8 iterations, PBT, ParquetLogger), built once; copy before
+    damaging."""
     import io
 
     from tunekit.trainables.quickstart import run_quickstart
 
-    storage = tmp_path_factory.mktemp("quickstart")
-    run_quickstart(num_samples=4, max_iterations=8, storage_path=str(storage), name="qs", stream=io.StringIO())
-    return storage / "qs"
+    def build(storage: Path) -> None:
+        run_quickstart(num_samples=4, max_iterations=8, storage_path=str(storage), name="qs", stream=io.StringIO())
 
+    return _built_once(tmp_path_factory, "quickstart", build) / "qs"

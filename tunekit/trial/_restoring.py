@@ -107,20 +107,27 @@ def _fetch(checkpoint: tune.Checkpoint, temps: list[str]) -> tuple[tune.Checkpoi
 
 def _other_checkpoints(checkpoint: tune.Checkpoint, *, newer_too: bool) -> list[tune.Checkpoint]:
     """The same trial's other checkpoints (before ``checkpoint`` unless ``newer_too``), newest first."""
+    fs = checkpoint.filesystem
+    return [tune.Checkpoint(path, filesystem=fs) for _, path, older in _others_of(checkpoint) if newer_too or older]
+
+
+def _others_of(checkpoint: tune.Checkpoint) -> list[tuple[int, str, bool]]:
+    """The trial's other checkpoints than ``checkpoint``, newest first (one listing), each as (index, path,
+    whether it comes before ``checkpoint``: older, or the PBT donor's state a clone restored from)."""
     name = checkpoint_name_of(posixpath.basename(checkpoint.path.rstrip("/")))
     match = CHECKPOINT_DIR.match(name or "")
     if not match:
         return []
     fs, trial_dir, own = checkpoint.filesystem, posixpath.dirname(checkpoint.path.rstrip("/")), int(match[1])
     # (kept copies of two-phase saves count, after a real directory of the same index)
-    ordered = restorable_checkpoints(fs, trial_dir, lambda index: index != own and (newer_too or index < own))
+    ordered = [(i, path, i < own) for i, path in restorable_checkpoints(fs, trial_dir, lambda index: index != own)]
     adopted = adopted_pin(trial_dir, fs)
     if adopted is not None and fs.get_file_info(adopted[0]).type == pafs.FileType.Directory:
         # A PBT clone: the donor's state it restored from comes before its own checkpoints from before the
         # exploit (falling back to those would undo the exploit); its own ones since come first.
         pin, after = adopted
-        ordered = [c for c in ordered if c[0] > after] + [(after, pin)] + [c for c in ordered if c[0] <= after]
-    return [tune.Checkpoint(path, filesystem=fs) for _, path in ordered]
+        ordered = [c for c in ordered if c[0] > after] + [(after, pin, True)] + [c for c in ordered if c[0] <= after]
+    return ordered
 
 
 def local_request(checkpoint: Any) -> TrainingResult | None:
@@ -219,9 +226,9 @@ def _candidates(checkpoint: tune.Checkpoint, trial_dir: str | None, missing: boo
         return after_clone + _other_checkpoints(checkpoint, newer_too=True)
     fs = checkpoint.filesystem
     own = [tune.Checkpoint(path, filesystem=fs) for _, path in restorable_checkpoints(fs, trial_dir, lambda i: True)]
-    older = _other_checkpoints(checkpoint, newer_too=False)
-    known = {c.path for c in older}
-    newer = [c for c in reversed(_other_checkpoints(checkpoint, newer_too=True)) if c.path not in known]
+    others = _others_of(checkpoint)
+    older = [tune.Checkpoint(path, filesystem=fs) for _, path, before in others if before]
+    newer = [tune.Checkpoint(path, filesystem=fs) for _, path, before in reversed(others) if not before]
     return after_clone + older + own + newer
 
 
