@@ -329,3 +329,33 @@ def test_a_small_checkpoint_reaches_the_disk_with_one_syncfs_or_else_with_fsyncs
     durability.sync(directory, whole_filesystem=True)
     with pytest.raises(OSError, match="Input/output error"):
         durability.wait()
+
+
+def test_the_trial_directory_scan_types_each_name_alike_on_a_local_disk_and_through_pyarrow(tmp_path):
+    """One scan types every checkpoint name (files, other directories and a missing directory: nothing); a live
+    writer's staging directory is "writing", a dead one's "interrupted"; the highest index counts every kind."""
+    from tunekit.checkpoint._announced import highest_index
+    from tunekit.checkpoint._trial_dir import LOCAL, scan, stage_checkpoint, writer_id
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    host = writer_id().rsplit("-", 1)[0]
+    for name in ("checkpoint_000001", "checkpoint_000003", ".checkpoint_000002.kept", ".checkpoint_000005.pin-ab12",
+                 ".checkpoint_000000.damaged", f".checkpoint_000004.partial-{host}-{dead}-x1y2", "train", "sub_dir"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "checkpoint_000009").write_text("a file, not a checkpoint")
+    live = Path(stage_checkpoint(str(tmp_path / "checkpoint_000006")))
+    expected = {("checkpoint_000001", "checkpoint", 1), ("checkpoint_000003", "checkpoint", 3),
+                (".checkpoint_000002.kept", "kept", 2), (".checkpoint_000005.pin-ab12", "pinned", 5),
+                (".checkpoint_000000.damaged", "damaged", 0), (live.name, "writing", 6),
+                (f".checkpoint_000004.partial-{host}-{dead}-x1y2", "interrupted", 4)}
+    for fs in (LOCAL, pafs.SubTreeFileSystem("/", pafs.LocalFileSystem())):
+        where = str(tmp_path) if fs is LOCAL else str(tmp_path).lstrip("/")
+        found = scan(fs, where)
+        assert {(e.name, e.kind, e.index) for e in found} == (expected if fs is LOCAL else
+                                                              {(n, "interrupted" if k == "writing" else k, i)
+                                                               for n, k, i in expected})  # remote: cannot tell
+        assert {e.checkpoint for e in found} == {f"checkpoint_{i:06d}" for _, _, i in expected}
+    assert [e.writer for e in scan(LOCAL, str(tmp_path), ("writing",))] == [(host, os.getpid())]
+    assert sorted(e.kind for e in scan(LOCAL, str(tmp_path), ("staging",))) == ["staging", "staging"]
+    assert scan(LOCAL, str(tmp_path / "missing")) == [] and highest_index(str(tmp_path)) == 6

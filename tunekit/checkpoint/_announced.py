@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 
 from tunekit.checkpoint._manifest import MANIFEST_FILE
-from tunekit.checkpoint._trial_dir import CHECKPOINT_DIR, KEPT_COPY, STAGING, checkpoint_name_of, staging_dirs, writer_alive
+from tunekit.checkpoint._trial_dir import CHECKPOINT_DIR, LOCAL, scan
 
 __all__ = [
     "INDEX_FILE", "announce", "claim_index", "drop_unregistered", "highest_index", "is_announced_only",
@@ -69,15 +69,8 @@ def highest_index(trial_dir: str) -> int:
             highest = int(fh.read().strip() or -1)
     except (OSError, ValueError):
         pass
-    try:
-        with os.scandir(trial_dir) as entries:
-            for entry in entries:
-                name = checkpoint_name_of(entry.name) or ((m := STAGING.match(entry.name)) and m[1])
-                if name:
-                    highest = max(highest, int(name.rsplit("_", 1)[1]))
-    except FileNotFoundError:
-        pass
-    return highest
+    return max([highest, *(e.index for e in scan(LOCAL, trial_dir, ("checkpoint", "kept", "pinned", "damaged",
+                                                                        "staging")))])
 
 
 
@@ -117,15 +110,13 @@ def drop_unregistered(parent: str, completed: int) -> None:
     (:func:`registered_unwritten`): Ray's ``num_to_keep`` deletes it, and
     deleting it first would make Ray's deletion fail.
     """
-    writers = staging_dirs(parent)
-    live = {ckpt for ckpt, host, pid in writers if writer_alive(host, pid)}
-    died = {ckpt for ckpt, _, _ in writers} - live
-    with os.scandir(parent) as entries:
-        found = [(e.name, e.path) for e in entries if CHECKPOINT_DIR.match(e.name)]
-    for name, path in found:
-        if int(name.rsplit("_", 1)[1]) < completed and name in died and \
-                os.path.normpath(path) not in _REGISTERED_UNWRITTEN and is_announced_only(path):
-            _remove_empty(path)
+    entries = scan(LOCAL, parent, ("checkpoint", "writing", "interrupted"))
+    live = {e.checkpoint for e in entries if e.kind == "writing"}
+    died = {e.checkpoint for e in entries if e.kind == "interrupted"} - live
+    for e in entries:
+        if e.kind == "checkpoint" and e.index < completed and e.name in died and \
+                os.path.normpath(e.path) not in _REGISTERED_UNWRITTEN and is_announced_only(e.path):
+            _remove_empty(e.path)
 
 
 #: Announced checkpoints whose write never completed and that Ray asked this process to restore: registered.
@@ -154,12 +145,10 @@ def newest_complete_instead(final: str) -> str | None:
     if match is None or not is_announced_only(final):
         return None
     best: tuple[int, bool, str] | None = None
-    with os.scandir(parent) as entries:
-        for entry in entries:
-            m = CHECKPOINT_DIR.match(entry.name) or KEPT_COPY.match(entry.name)
-            if m and int(m[1]) < int(match[1]) and os.path.exists(os.path.join(entry.path, MANIFEST_FILE)):
-                candidate = (int(m[1]), not entry.name.startswith("."), entry.path)
-                best = candidate if best is None or candidate[:2] > best[:2] else best
+    for e in scan(LOCAL, parent, ("checkpoint", "kept")):
+        if e.index < int(match[1]) and os.path.exists(os.path.join(e.path, MANIFEST_FILE)):
+            candidate = (e.index, e.kind == "checkpoint", e.path)
+            best = candidate if best is None or candidate[:2] > best[:2] else best
     if best is None:
         return None
     index, real, path = best

@@ -18,7 +18,7 @@ from typing import Callable, Iterable, NamedTuple
 
 import pyarrow.fs as pafs
 
-from tunekit.checkpoint._trial_dir import CHECKPOINT_DIR, DAMAGED_COPY
+from tunekit.checkpoint._trial_dir import CHECKPOINT_DIR, DAMAGED_COPY, is_train_checkpoint
 from tunekit.errors import ExperimentError
 from tunekit.storage._location import Storage, not_s3, storage_errors
 
@@ -213,7 +213,7 @@ def _train_checkpoints(experiment: Storage, trial: str, children: list[_Entry], 
     if not any(c.base_name == TRAIN_DIR and c.is_dir for c in children):
         return []
     names = sorted(c.base_name for c in lister(experiment, posixpath.join(experiment.path, trial, TRAIN_DIR))
-                   if c.is_dir and c.base_name.startswith("checkpoint_"))
+                   if c.is_dir and is_train_checkpoint(c.base_name))
     return [CheckpointDir(f"{TRAIN_DIR}/{name}", start + i, experiment.join(trial, TRAIN_DIR, name))
             for i, name in enumerate(names)]
 
@@ -257,7 +257,7 @@ def files_by_checkpoint(files: Iterable[tuple[str, int]]) -> dict[str, dict[str,
         parts = rel.split("/")
         if len(parts) > 2 and CHECKPOINT_DIR.match(parts[1]):
             out.setdefault(f"{parts[0]}/{parts[1]}", {})["/".join(parts[2:])] = size
-        elif len(parts) > 3 and parts[1] == TRAIN_DIR and parts[2].startswith("checkpoint_"):  # every rank's part
+        elif len(parts) > 3 and parts[1] == TRAIN_DIR and is_train_checkpoint(parts[2]):  # every rank's part
             out.setdefault(f"{parts[0]}/{TRAIN_DIR}/{parts[2]}", {})["/".join(parts[3:])] = size
     return out
 

@@ -53,12 +53,14 @@ from tunekit.checkpoint._manifest import MANIFEST_FILE
 from tunekit.errors import CheckpointError
 
 __all__ = [
-    "CHECKPOINT_DIR", "DAMAGED_COPY", "Entry", "KEPT_COPY", "PARTIAL", "PINNED_COPY", "STAGING", "await_write",
-    "checkpoint_name_of", "damaged_name", "has_hidden_checkpoints", "keep_newest_complete", "kept_name",
-    "leftovers", "link_tree", "restorable_checkpoints", "scan", "stage_checkpoint", "staging_dirs", "tidy",
+    "CHECKPOINT_DIR", "DAMAGED_COPY", "Entry", "KEPT_COPY", "LOCAL", "PARTIAL", "PINNED_COPY", "STAGING", "await_write",
+    "checkpoint_name_of", "damaged_name", "has_hidden_checkpoints", "is_train_checkpoint", "keep_newest_complete", "kept_name",
+    "leftovers", "link_tree", "restorable_checkpoints", "scan", "stage_checkpoint", "staging_of", "tidy",
     "writer_alive", "writer_id"
 ]
 
+#: The local disk, for :func:`scan` of a local trial directory.
+LOCAL = pafs.LocalFileSystem()
 #: Ray Tune's name for a trial's checkpoint directories; group 1 is the index.
 CHECKPOINT_DIR = re.compile(r"^checkpoint_(?P<index>\d+)$")
 #: A copy of a damaged checkpoint that ``tunekit resume`` kept out of Ray's retention.
@@ -76,7 +78,8 @@ def damaged_name(checkpoint: str) -> str:
 
 
 def checkpoint_name_of(name: str) -> str | None:
-    """The ``checkpoint_N`` a directory name stands for (itself, a kept copy or a pin), or None.
+    """The ``checkpoint_N`` a directory name stands for (itself, a kept, pinned or damaged copy, its staging
+    directory), or None.
 
     >>> checkpoint_name_of("checkpoint_000004"), checkpoint_name_of(".checkpoint_000004.pin-1f2e")
     ('checkpoint_000004', 'checkpoint_000004')
@@ -85,9 +88,15 @@ def checkpoint_name_of(name: str) -> str | None:
         return name
     if m := (KEPT_COPY.match(name) or DAMAGED_COPY.match(name)):
         return f"checkpoint_{m[1]}"
-    if m := PINNED_COPY.match(name):
+    if m := (PINNED_COPY.match(name) or STAGING.match(name)):
         return m[1]
     return None
+
+
+def is_train_checkpoint(name: str) -> bool:
+    """Whether ``name`` is a Ray Train checkpoint directory's (``checkpoint_<time>``, in a multi-worker trial's
+    ``train/``)."""
+    return name.startswith("checkpoint_")
 
 
 class Entry(NamedTuple):
@@ -95,40 +104,70 @@ class Entry(NamedTuple):
 
     name: str
     path: str
-    #: "checkpoint" (Ray's ``checkpoint_N``), "kept", "pinned", "damaged", "writing" or "interrupted".
+    #: "checkpoint" (Ray's ``checkpoint_N``), "kept", "pinned", "damaged", "writing", "interrupted" (or
+    #: "staging": a staging directory whose writer was not looked up).
     kind: str
     #: The ``N`` of the checkpoint it stands for.
     index: int
 
+    @property
+    def checkpoint(self) -> str:
+        """The ``checkpoint_N`` it stands for."""
+        return checkpoint_name_of(self.name)  # type: ignore[return-value]
+
+    @property
+    def writer(self) -> tuple[str | None, int]:
+        """A staging directory's writer, ``(host, pid)``; ``(None, 0)`` for any other (or an older tunekit's)."""
+        staging = staging_of(self.name)
+        return staging[1:] if staging else (None, 0)
+
+
+def staging_of(name: str) -> tuple[str, str | None, int] | None:
+    """``(checkpoint name, writer's host, writer's pid)`` of a staging directory's name (an older tunekit's:
+    host None, pid 0), or None for any other name."""
+    m = STAGING.match(name)
+    return (m[1], m["host"], int(m["pid"] or 0)) if m else None
+
 
 def scan(fs: pafs.FileSystem, trial_dir: str, kinds: Collection[str] | None = None) -> list[Entry]:
     """Every checkpoint directory of ``trial_dir`` (those of ``kinds`` only, if given), typed, in one listing
-    (none if it is missing).
+    (none if it is missing): ``os.scandir`` on a local disk, pyarrow elsewhere.
 
     "kept": a complete checkpoint kept while a newer one was written; "pinned": a checkpoint pinned for a PBT
     clone that has not read it yet (a paused trial's: its resume reads it); "damaged": a damaged checkpoint's
     copy that ``tunekit resume`` kept; "writing": a staging directory whose writer is alive; "interrupted":
     one whose writer is gone (killed in the middle of the write). A staging directory's writer is looked up
-    only when ``kinds`` asks for one of those two.
+    only when ``kinds`` asks for one of those two; ``kinds`` with "staging" lists them all unlooked-up.
     """
-    staging = kinds is None or "writing" in kinds or "interrupted" in kinds
+    raw = kinds is not None and "staging" in kinds
+    looked_up = kinds is None or "writing" in kinds or "interrupted" in kinds
     out = []
-    for info in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True)):
-        name = info.base_name
-        if info.type != pafs.FileType.Directory:
-            continue
+    for name, path in _directories(fs, trial_dir):
         for kind, pattern in _KINDS:
             if m := pattern.match(name):
-                if kind == "staging":
-                    if not staging:
+                if kind == "staging" and not raw:
+                    if not looked_up:
                         break
                     local = isinstance(fs, pafs.LocalFileSystem)
                     live = local and m["pid"] is not None and writer_alive(m["host"], int(m["pid"]))
                     kind = "writing" if live else "interrupted"
                 if kinds is None or kind in kinds:
-                    out.append(Entry(name, info.path, kind, int(m["index"])))
+                    out.append(Entry(name, path, kind, int(m["index"])))
                 break
     return out
+
+
+def _directories(fs: pafs.FileSystem, trial_dir: str) -> list[tuple[str, str]]:
+    """``(name, path)`` of the directories in ``trial_dir`` whose name may be a checkpoint's (none if it is
+    missing). Locally by ``os.scandir``, which knows each entry's type without a ``stat``."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        try:
+            with os.scandir(trial_dir) as entries:
+                return [(e.name, e.path) for e in entries if "checkpoint_" in e.name and e.is_dir()]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    return [(i.base_name, i.path) for i in fs.get_file_info(pafs.FileSelector(trial_dir, allow_not_found=True))
+            if i.type == pafs.FileType.Directory]
 
 
 def restorable_checkpoints(fs: pafs.FileSystem, trial_dir: str, wanted: Callable[[int], bool]) -> list[tuple[int, str]]:
@@ -180,17 +219,6 @@ def writer_alive(host: str | None, pid: int) -> bool:
         return True
 
 
-def staging_dirs(parent: str) -> list[tuple[str, str | None, int]]:
-    """``(checkpoint name, host, pid)`` of every staging directory in a trial directory."""
-    out = []
-    with os.scandir(parent) as entries:
-        for entry in entries:
-            m = STAGING.match(entry.name)
-            if m and entry.is_dir():
-                out.append((m[1], m["host"], int(m["pid"] or 0)))
-    return out
-
-
 def leftovers(fs: pafs.FileSystem, trial_dir: str) -> list[tuple[str, str]]:
     """Hidden checkpoint directories of a trial: ``(name, kind)`` (every kind :func:`scan` names but Ray's)."""
     return sorted((e.name, e.kind) for e in scan(fs, trial_dir) if e.kind != "checkpoint")
@@ -217,14 +245,12 @@ def keep_newest_complete(final: str) -> None:
         return
     below = int(match[1])
     best: tuple[int, str, bool] | None = None
-    with os.scandir(parent) as entries:
-        for entry in entries:
-            m = CHECKPOINT_DIR.match(entry.name) or KEPT_COPY.match(entry.name)
-            if not m or int(m[1]) >= below or not os.path.exists(os.path.join(entry.path, MANIFEST_FILE)):
-                continue
-            candidate = (int(m[1]), entry.path, entry.name.startswith("."))
-            if best is None or candidate[:1] > best[:1] or (candidate[0] == best[0] and candidate[2]):
-                best = candidate
+    for entry in scan(LOCAL, parent, ("checkpoint", "kept")):
+        if entry.index >= below or not os.path.exists(os.path.join(entry.path, MANIFEST_FILE)):
+            continue
+        candidate = (entry.index, entry.path, entry.kind == "kept")
+        if best is None or candidate[:1] > best[:1] or (candidate[0] == best[0] and candidate[2]):
+            best = candidate
     if best is None or best[2]:
         return  # nothing complete yet, or the newest complete one is a kept copy already
     index, source, _ = best
@@ -291,10 +317,7 @@ def await_write(path: str, *, timeout: float | None = None) -> None:
     start = time.monotonic()
     delay = 0.005
     while not os.path.exists(os.path.join(path, MANIFEST_FILE)):
-        try:
-            writers = [(h, p) for ckpt, h, p in staging_dirs(parent) if ckpt == name and writer_alive(h, p)]
-        except FileNotFoundError:
-            return
+        writers = [e.writer for e in scan(LOCAL, parent, ("writing",)) if e.checkpoint == name]
         if not writers:
             return
         waited = time.monotonic() - start

@@ -100,7 +100,7 @@ class ExperimentCheck:
 def _being_written(trial: Any, name: str) -> bool:
     """Whether a live process is writing checkpoint ``name`` of ``trial`` (its staging directory says so)."""
     where = trial.location
-    return any(e.name.startswith(f".{name}.partial-") for e in scan(where.filesystem, where.path, ("writing",)))
+    return any(e.checkpoint == name for e in scan(where.filesystem, where.path, ("writing",)))
 
 
 def _metadata(location: Storage) -> dict[str, Any]:

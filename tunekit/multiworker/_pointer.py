@@ -17,6 +17,7 @@ from tunekit.checkpoint._manifest import read_metadata
 from tunekit.checkpoint._directory import write_checkpoint
 from tunekit.errors import CheckpointError
 from tunekit.checkpoint._layout import POINTER_KEY, pointer_value
+from tunekit.checkpoint._trial_dir import is_train_checkpoint
 from tunekit.storage._location import resolve_storage
 
 __all__ = ["checkpoint_names", "drop_cut_short", "write_pointer"]
@@ -32,7 +33,7 @@ def checkpoint_names(filesystem: Any, run_dir: str) -> list[str]:
     except OSError:
         return []
     return sorted(posixpath.basename(i.path) for i in infos
-                  if i.type == pafs.FileType.Directory and posixpath.basename(i.path).startswith("checkpoint_"))
+                  if i.type == pafs.FileType.Directory and is_train_checkpoint(posixpath.basename(i.path)))
 
 
 def drop_cut_short(filesystem: Any, path: str, checked: set[str]) -> None:

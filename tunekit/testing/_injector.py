@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunekit.checkpoint._manifest import MANIFEST_FILE
-from tunekit.checkpoint._trial_dir import STAGING, leftovers
+from tunekit.checkpoint._trial_dir import checkpoint_name_of, leftovers, staging_of
 
 __all__ = ["Injector", "Kill", "invariant_violations", "tensors_equal"]
 
@@ -154,9 +154,8 @@ class Injector:
         out = []
         for dirpath, dirnames, _ in os.walk(self.root):
             for name in dirnames:
-                m = STAGING.match(name)
-                if m and m["pid"]:
-                    out.append((os.path.join(dirpath, name), int(m["pid"])))
+                if (staging := staging_of(name)) and staging[2]:
+                    out.append((os.path.join(dirpath, name), staging[2]))
             dirnames[:] = [d for d in dirnames if not d.startswith(".") and not d.startswith("checkpoint_")]
         return out
 
@@ -166,7 +165,7 @@ class Injector:
         if not _sigkill(pid):
             return
         parent, name = os.path.split(staging)
-        final = os.path.join(parent, STAGING.match(name)[1])  # type: ignore[index]
+        final = os.path.join(parent, checkpoint_name_of(name))  # type: ignore[arg-type]
         if os.path.isdir(staging):
             if os.path.exists(os.path.join(staging, MANIFEST_FILE)):
                 phase = "write: before rename"

@@ -45,8 +45,8 @@ from tunekit import _ray
 from tunekit._ray import TrainingResult
 from tunekit.checkpoint._announced import is_announced_only, registered_unwritten
 from tunekit.checkpoint._pins import adopt_pin, adopted_pin, cloned_from, is_pinned, remove_pin, unpinned
-from tunekit.checkpoint._trial_dir import (CHECKPOINT_DIR, await_write, checkpoint_name_of, link_tree, restorable_checkpoints,
-                                staging_dirs, writer_alive)
+from tunekit.checkpoint._trial_dir import (CHECKPOINT_DIR, LOCAL, await_write, checkpoint_name_of, link_tree,
+                                           restorable_checkpoints, scan)
 from tunekit.checkpoint._manifest import MISSING, NOT_WRITTEN
 from tunekit.checkpoint._directory import (
     MANIFEST_FILE, CheckpointReport, is_foreign_checkpoint, read_metadata, verify_checkpoint
@@ -288,10 +288,7 @@ def _first_write_interrupted(checkpoint: tune.Checkpoint, trial_dir: str | None)
     parent, name = os.path.split(os.path.normpath(checkpoint.path))
     if os.path.normpath(parent) != os.path.normpath(trial_dir):
         return False  # another trial's (a PBT donor's): not this trial's start
-    try:
-        writers = [writer_alive(h, p) for ckpt, h, p in staging_dirs(parent) if ckpt == name]
-    except FileNotFoundError:
-        return False
+    writers = [e.kind == "writing" for e in scan(LOCAL, parent, ("writing", "interrupted")) if e.checkpoint == name]
     if any(writers):
         return False
     return bool(writers) or is_announced_only(checkpoint.path)
