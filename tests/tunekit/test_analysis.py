@@ -333,6 +333,29 @@ def test_lineage_places_exploits_where_the_rows_show_them(tmp_path):
         ["a", "d", 2, 2], ["b", "d", 2, 2], ["c", "a", 4, 4], ["d", "b", 4, 4]]
 
 
+def test_an_exploit_whose_clone_restored_its_own_checkpoint_is_undone_in_the_lineage(tmp_path, capsys):
+    """Ray logged b cloning a at iteration 2, but a's checkpoint was gone when b restored, and b went on from
+    its own checkpoint of iteration 2 (its row says so): b's weights are its own throughout, the new rate
+    stands, and the report says the exploit was undone; a real clone of c by d in the same run counts."""
+    exp = tmp_path / "exp"
+    names = {t: f"T_{t}0000_{i:05d}_{i}" for i, t in enumerate("abcd")}
+    lrs = {"a": [0.1] * 4, "b": [0.01, 0.01, 0.12, 0.12], "c": [0.2] * 4, "d": [0.02, 0.02, 0.24, 0.24]}
+    origin = {("b", 3): names["b"], ("d", 3): names["c"]}
+    for t, values in lrs.items():
+        _write_trial(exp, names[t], [{"trial_id": t, "training_iteration": i + 1, "acc": 0.5, "config": {"lr": lr},
+                                      **({RESTORED_FROM_KEY: origin[t, i + 1]} if (t, i + 1) in origin else {})}
+                                     for i, lr in enumerate(values)])
+    (exp / "pbt_global.txt").write_text(json.dumps(["1", "0", 2, 2, {}, {"lr": 0.12}]) + "\n" +
+                                        json.dumps(["3", "2", 2, 2, {}, {"lr": 0.24}]) + "\n")
+    lineage = pbt_lineage(str(exp))
+    assert lineage.exploits[["target", "source", "undone"]].values.tolist() == [["b", "a", True], ["d", "c", False]]
+    assert lineage.describe("b") == "b[1-4]" and lineage.describe("d") == "c[1-2] -> d[3-4]"
+    assert main(["report", str(exp), "--output", str(tmp_path / "report"), "--metric", "acc", "--mode", "max"]) == 0
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "a (undone: b restored its own checkpoint)" in page and "c (undone" not in page
+    capsys.readouterr()
+
+
 def test_rows_secured_in_the_journal_outlive_a_killed_driver_and_the_next_run_batches_them(tmp_path):
     exp = tmp_path / "exp"
     (exp / "t1").mkdir(parents=True)

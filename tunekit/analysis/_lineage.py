@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from tunekit._checks import is_number
+from tunekit._keys import RESTORED_FROM_KEY
 from tunekit.analysis._result_frames import ITER, parquet_parts, parts_table, row_config
 from tunekit.experiment.results import parse_result_lines
 from tunekit.storage._files import read_text
@@ -27,6 +28,8 @@ __all__ = ["Lineage", "build_lineage"]
 class Lineage:
     """PBT history: every exploit, and where each trial's weights came from."""
 
+    #: One row an exploit; ``undone``: the clone's restore fell back to its own checkpoint (the donor's was
+    #: gone), so its weights stayed its own (its new config stands).
     exploits: pd.DataFrame
     ancestry: dict[str, list[tuple[str, int, int]]]
 
@@ -35,11 +38,12 @@ class Lineage:
         return " -> ".join(f"{t}[{a}-{b}]" for t, a, b in self.ancestry.get(trial_id, []))
 
 
-_Logged = list[tuple[int, dict[str, Any]]]
+_Logged = list[tuple[int, dict[str, Any], Any]]
 
 
 def _logged_rows(experiment: Storage, snap: ExperimentSnapshot) -> dict[str, _Logged]:
-    """Each trial's (iteration, config) in the order reported, re-runs included.
+    """Each trial's (iteration, config, the trial directory a restore before it read) in the order reported,
+    re-runs included.
 
     From the Parquet dataset when there is one (it has every row), else from
     each trial's ``result.json`` (which may lack rows Ray lost).
@@ -48,17 +52,18 @@ def _logged_rows(experiment: Storage, snap: ExperimentSnapshot) -> dict[str, _Lo
     parts = parquet_parts(experiment)
     if parts:
         table = parts_table(experiment, parts,
-                            lambda names: ["trial_id", ITER] + [c for c in names if c.startswith("config/")]).to_pylist()
+                            lambda names: ["trial_id", ITER] + [c for c in names if c.startswith("config/")
+                                                                or c == RESTORED_FROM_KEY]).to_pylist()
         for row in table:
             if is_number(row.get(ITER)):
                 config = {c[len("config/"):]: v for c, v in row.items() if c.startswith("config/")}
-                out.setdefault(str(row["trial_id"]), []).append((int(row[ITER]), config))
+                out.setdefault(str(row["trial_id"]), []).append((int(row[ITER]), config, row.get(RESTORED_FROM_KEY)))
         return out
     for trial in snap.trials:
         text = read_text(experiment.filesystem, posixpath.join(experiment.join(trial.name).path, "result.json"))
         rows, _ = parse_result_lines(text or "")
         out[trial.trial_id] = [
-            (int(r[ITER]), r.get("config") if isinstance(r.get("config"), dict) else {})
+            (int(r[ITER]), r.get("config") if isinstance(r.get("config"), dict) else {}, r.get(RESTORED_FROM_KEY))
             for r in rows if is_number(r.get(ITER))
         ]
     return out
@@ -80,16 +85,18 @@ def _fix_exploit_iterations(experiment: Storage, snap: ExperimentSnapshot, recor
     new config, and continues from the cloned checkpoint (iteration k+1 after
     a checkpoint of iteration k). Where the config did not visibly change,
     the row after the logged iteration is used; where the rows around an
-    exploit are missing, Ray's logged values stay.
+    exploit are missing, Ray's logged values stay. An exploit whose first row says the trial restored its own
+    checkpoint (tunekit's trainables report whose they read) is undone.
     """
     if not records:
         return
     logged = _logged_rows(experiment, snap)
+    names = {t.trial_id: t.name for t in snap.trials}
     position: dict[str, int] = {}
     for record in records:
         rows = logged.get(record["target"], [])
         start = max(position.get(record["target"], 0), 1)
-        keys = {k for _, cfg in rows for k in cfg}
+        keys = {k for _, cfg, _ in rows for k in cfg}
         wanted = {k: v for k, v in (record["new_config"] or {}).items()
                   if k in keys and (is_number(v) or isinstance(v, (str, bool)))}
         hit = next(
@@ -101,7 +108,9 @@ def _fix_exploit_iterations(experiment: Storage, snap: ExperimentSnapshot, recor
         if hit is None:
             continue
         record["iteration"] = rows[hit - 1][0]
-        record["source_iteration"] = rows[hit][0] - 1
+        record["undone"] = rows[hit][2] is not None and rows[hit][2] == names.get(record["target"])
+        if not record["undone"]:  # (undone: the row continues the trial's own checkpoint, not the donor's)
+            record["source_iteration"] = rows[hit][0] - 1
         position[record["target"]] = hit + 1
 
 
@@ -126,18 +135,19 @@ def build_lineage(experiment: Storage, snap: ExperimentSnapshot, df: pd.DataFram
                 "source_iteration": exploit.source_iteration,
                 "old_config": old,
                 "new_config": exploit.new_config,
+                "undone": False,
             }
         )
     _fix_exploit_iterations(experiment, snap, records)
     exploits = pd.DataFrame.from_records(
-        records, columns=["iteration", "target", "source", "source_iteration", "old_config", "new_config"]
+        records, columns=["iteration", "target", "source", "source_iteration", "old_config", "new_config", "undone"]
     )
     final = {t.trial_id: t.iterations for t in snap.trials}
 
     def chain(trial: str, upto: int, before: int) -> list[tuple[str, int, int]]:
         for k in range(before - 1, -1, -1):
             record = records[k]
-            if record["target"] == trial and record["source_iteration"] <= upto:
+            if record["target"] == trial and not record["undone"] and record["source_iteration"] <= upto:
                 start = record["source_iteration"] + 1
                 own = [(trial, start, upto)] if start <= upto else []
                 return chain(record["source"], record["source_iteration"], k) + own

@@ -329,8 +329,9 @@ def pbt_lineage(
 
     Columns of ``exploits``: ``iteration`` (the target's, when it exploited),
     ``target``, ``source``, ``source_iteration`` (of the checkpoint it took),
-    ``old_config`` (the target's, before), ``new_config``.
-    ``ancestry[trial]`` lists ``(trial_id, first_iteration, last_iteration)``
+    ``old_config`` (the target's, before), ``new_config``, ``undone`` (the
+    target's restore fell back to its own checkpoint, the donor's being gone:
+    its weights stayed its own, its new config stands). ``ancestry[trial]`` lists ``(trial_id, first_iteration, last_iteration)``
     segments, oldest first.
     """
     experiment = resolve_storage(location)

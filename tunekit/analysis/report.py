@@ -73,6 +73,12 @@ def _png(fig: Any, path: Path) -> str:
     return base64.b64encode(data).decode()
 
 
+def _source(exploit: Any) -> str:
+    """An exploit's donor as the report names it (an undone one says so)."""
+    return f"{exploit.source} (undone: {exploit.target} restored its own checkpoint)" if exploit.undone \
+        else str(exploit.source)
+
+
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
     body = "".join(
@@ -233,7 +239,7 @@ def _write(experiment: Storage, snapshot: ExperimentSnapshot, df: pd.DataFrame, 
         figure("hyperparameters", scatter(plt, df, metric, params), f"Hyperparameters vs final {metric}")
     if not lineage.exploits.empty:
         exploit_rows = [
-            [r.iteration, r.target, r.source, r.source_iteration, r.old_config, r.new_config]
+            [r.iteration, r.target, _source(r), r.source_iteration, r.old_config, r.new_config]
             for r in lineage.exploits.itertuples()
         ]
         sections.append("<h2>PBT exploits</h2>" + _table(
