@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -15,6 +17,8 @@ from typing_extensions import override
 from tunekit import _env, _ray
 
 from tunekit.experiment import record
+from tunekit.experiment.snapshot import read_experiment
+from tunekit.storage import resolve_storage
 
 __all__ = ["ExperimentRecord", "TunekitCallback", "check_restored_index", "repair_final_checkpoints"]
 
@@ -40,7 +44,7 @@ class TunekitCallback(tune.Callback):
 
     @override
     def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
-        record.observe(self, trials, info=getattr(self, "_record_info", None))
+        _keep_index(record.observe(self, trials, info=getattr(self, "_record_info", None)).target)
 
     @override
     def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
@@ -70,7 +74,40 @@ class TunekitCallback(tune.Callback):
     @override
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         repair_final_checkpoints(trials)
-        record.finish(self, trials)
+        _keep_index(record.finish(self, trials), final=True)
+
+
+#: How often a run on remote storage brings the readers' index (:mod:`tunekit.experiment._index`) up to date.
+INDEX_INTERVAL_S = 120.0
+_INDEXER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-index")
+#: experiment path -> (its refresh in flight or done, when it started)
+_INDEXING: dict[str, tuple[Future, float]] = {}
+
+
+def _keep_index(target: tuple[pafs.FileSystem, str] | None, *, final: bool = False) -> None:
+    """On remote storage, the readers' index of the run's experiment brought up to date on a helper thread, at
+    most every :data:`INDEX_INTERVAL_S` while the run goes on and once at its end (waited for: Ray's last
+    upload is done by then), so the first reader after a run reads the index and what changed since, not
+    every file. Each refresh reads only the files the index lacks or the listing shows changed."""
+    if target is None or isinstance(target[0], pafs.LocalFileSystem):
+        return
+    fs, path = target
+    now = time.monotonic()
+    last = _INDEXING.get(path)
+    if not final and last is not None and (not last[0].done() or now - last[1] < INDEX_INTERVAL_S):
+        return
+    if last is not None:
+        last[0].result()  # (one at a time; the end's after any in flight)
+    _INDEXING[path] = (_INDEXER.submit(_refresh_index, fs, path), now)
+    if final:
+        _INDEXING.pop(path)[0].result()
+
+
+def _refresh_index(fs: pafs.FileSystem, path: str) -> None:
+    try:
+        read_experiment(resolve_storage(path, filesystem=fs))
+    except Exception as exc:  # (the index only saves readers requests: a failed refresh must not fail the run)
+        logging.getLogger(__name__).debug("tunekit: the readers' index of %s was not refreshed: %s", path, exc)
 
 
 #: Trials whose checkpoint index this driver compared with storage (once each: it only ever lags after a restart).

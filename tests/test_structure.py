@@ -350,6 +350,7 @@ MODULE_STATE = {
     ("tunekit.integrations.lightning", "_CALLBACKS"): "Lightning callback classes made once per process",
     ("tunekit.integrations.transformers", "_CALLBACKS"): "Trainer callback classes made once per process",
     ("tunekit.callbacks.record", "_INDEX_CHECKED"): "trials whose index this driver compared once",
+    ("tunekit.callbacks.record", "_INDEXING"): "the readers' index refresh of each remote experiment, in flight or last",
     ("tunekit.experiment.record", "_RUNS"): "the driver's runs being recorded, by their trial list",
     ("tunekit.checkpoint._announced", "_REGISTERED_UNWRITTEN"): "unwritten checkpoints this process was asked for",
     ("tunekit.trial._restoring", "_FOREIGN_NOTED"): "foreign checkpoints this process has warned about once",

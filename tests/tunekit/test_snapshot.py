@@ -77,14 +77,23 @@ def test_metric_needs_mode(tmp_path, capsys):
 
 
 def test_status_of_a_tunekit_run_on_s3(ray_session, s3_bucket, capsys):
+    """The run (any tunekit callback) keeps the readers' index on S3: the first `status` after it reads the
+    index and one listing, not each trial's files."""
+    from tunekit.callbacks import ExperimentRecord
+
     base = s3_bucket.uri("runs")
     tune.Tuner(
         DigitsTrainable,
         param_space={"hidden_size": 16, "steps_per_iteration": 3, "checkpoint_every": 2, "seed": tune.grid_search([1, 2])},
-        run_config=tune.RunConfig(name="st", storage_path=base, stop={"training_iteration": 4}, verbose=0),
+        run_config=tune.RunConfig(name="st", storage_path=base, stop={"training_iteration": 4}, verbose=0,
+                                  callbacks=[ExperimentRecord()]),
     ).fit()
     exp = base.replace("/runs?", "/runs/st?")
-    assert main(["status", exp, "--metric", "accuracy", "--mode", "max"]) == 0
+    with s3_bucket.server.recording() as seen:
+        assert main(["status", exp]) == 0
+    assert [s for s in seen if "/.tunekit-index.json" in s] and not [s for s in seen if "/DigitsTrainable_" in s], \
+        "\n".join(seen)
+    assert main(["status", exp, "--metric", "accuracy", "--mode", "max"]) == 0  # (verifies the best checkpoint)
     out = capsys.readouterr().out
     assert "2 trials: 2 TERMINATED" in out and f"best checkpoint: s3://{s3_bucket.name}/runs/st/" in out
     snapshot = read_experiment(exp)

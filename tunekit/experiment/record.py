@@ -164,7 +164,7 @@ class ExperimentRecorder:
         self.ended_before = {t.trial_id for t in trials if t.status in ("TERMINATED", "ERROR")}
         #: At the end: trials Tune stopped because the run itself stopped (Ctrl-C, SIGTERM, a stopper).
         self.interrupted: list[str] = []
-        self._target: tuple[pafs.FileSystem, str] | None = None
+        self.target: tuple[pafs.FileSystem, str] | None = None  # (the record's filesystem and directory)
         #: The run's constants (trainable, checkpoint config: read once) and each trial's entry with what it
         #: was built from (rebuilt when that changed: the record is rewritten every second of a long sweep).
         self._constants: tuple[str | None, dict[str, Any] | None] | None = None
@@ -270,7 +270,7 @@ class ExperimentRecorder:
             return
         # wall clock, read by other processes and machines (tunekit gc): added to the text, not dumped again
         written = f'{text[:-1]}, "updated": {json.dumps(time.time())}}}'
-        if self._target is None:
+        if self.target is None:
             from tunekit._ray import trial_filesystem
 
             first = self.trials[0]
@@ -280,7 +280,7 @@ class ExperimentRecorder:
 
                 self.refused = f"{target[1]} is in use: {running}; this run would train its trials twice (stop it first)"
                 raise ExperimentError(self.refused)
-            self._target = target
+            self.target = target
         if self._writing is not None:
             self._writing.result()  # (the end: after any write in flight, never before it)
         self._last_text, self._last_written = text, now
@@ -290,7 +290,7 @@ class ExperimentRecorder:
             self._writing = _WRITER.submit(self._write, written)
 
     def _write(self, text: str) -> None:
-        fs, path = self._target  # type: ignore[misc]
+        fs, path = self.target  # type: ignore[misc]
         try:
             write_record(fs, path, text)
         except OSError as exc:  # the record is a safety net: a failed write must not fail the run
@@ -332,11 +332,11 @@ def observe(owner: Any, trials: list[Any], *, info: dict[str, Any] | None = None
     return recorder
 
 
-def finish(owner: Any, trials: Iterable[Any]) -> None:
-    """At the end of a run: the final record, and the run forgotten."""
+def finish(owner: Any, trials: Iterable[Any]) -> tuple[pafs.FileSystem, str] | None:
+    """At the end of a run: the final record, and the run forgotten; where it went (None: not its writer)."""
     entry = _RUNS.get(id(trials))
     if entry is None or entry[1] is not owner:
-        return
+        return None
     recorder = entry[0]
     recorder.ended = True
     recorder.interrupted = sorted(
@@ -348,6 +348,7 @@ def finish(owner: Any, trials: Iterable[Any]) -> None:
     from tunekit.experiment._signals import restore_sigterm
 
     restore_sigterm(recorder.sigterm_before)
+    return recorder.target
 
 
 def interrupted_trials(fs: pafs.FileSystem, experiment_path: str, trials: list[Any],
