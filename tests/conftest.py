@@ -61,11 +61,29 @@ def _init_ray_at_root(**kwargs):
         os.chdir(cwd)
 
 
+#: The fixtures that give a test a Ray of its own in place of the shared one.
+_OWN_RAY = frozenset({"fresh_ray", "ray_with_logical_gpus", "ray_cluster"})
+_SHARED = {"wanted": False}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """The shared Ray back, before any fixture of a test that needs it, if a test's own Ray replaced it (started
+    here, not when that test ended: two tests with a Ray of their own in a row save a start of seconds of CPU)."""
+    names = set(getattr(item, "fixturenames", ()))
+    if _SHARED["wanted"] and "ray_session" in names and not _OWN_RAY & names:
+        import ray
+
+        if not ray.is_initialized():
+            _init_ray_at_root()
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     """One local Ray (2 CPUs, dashboard off) shared by every test that needs Ray."""
     import ray
 
+    _SHARED["wanted"] = True
     if not ray.is_initialized():
         _init_ray_at_root()
     yield
@@ -74,35 +92,28 @@ def ray_session() -> Iterator[None]:
 
 @pytest.fixture
 def fresh_ray() -> Iterator[object]:
-    """A Ray of its own (2 CPUs, nothing left over from earlier tests); the shared one comes back after.
+    """A Ray of its own (2 CPUs, nothing left over from earlier tests); the shared one comes back for the next
+    test that needs it (:func:`pytest_runtest_setup`).
 
     For a test that needs the whole of the 2 CPUs, such as a Train run whose workers take them all.
     """
     import ray
 
-    was_running = ray.is_initialized()
-    if was_running:
-        ray.shutdown()
+    ray.shutdown()
     info = _init_ray_at_root()
     yield info
     ray.shutdown()
-    if was_running:  # the shared one back
-        _init_ray_at_root()
 
 
 @pytest.fixture
 def ray_with_logical_gpus() -> Iterator[None]:
-    """A Ray told it has 1 GPU (none is real), for the GPU scheduling path; the shared Ray comes back after."""
+    """A Ray told it has 1 GPU (none is real), for the GPU scheduling path; the shared Ray comes back later."""
     import ray
 
-    was_running = ray.is_initialized()
-    if was_running:
-        ray.shutdown()
+    ray.shutdown()
     _init_ray_at_root(num_gpus=1)
     yield
     ray.shutdown()
-    if was_running:
-        _init_ray_at_root()
 
 
 @dataclass
@@ -119,13 +130,11 @@ class RayCluster:
 
 @pytest.fixture
 def ray_cluster() -> Iterator[RayCluster]:
-    """Head (0 CPUs) + two worker nodes of 1 CPU each, each its own raylet; the shared Ray comes back after."""
+    """Head (0 CPUs) + two worker nodes of 1 CPU each, each its own raylet; the shared Ray comes back later."""
     import ray
     from ray.cluster_utils import Cluster
 
-    was_running = ray.is_initialized()
-    if was_running:
-        ray.shutdown()
+    ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
     cluster.wait_for_nodes()
@@ -135,8 +144,6 @@ def ray_cluster() -> Iterator[RayCluster]:
     finally:
         ray.shutdown()
         cluster.shutdown()
-        if was_running:
-            _init_ray_at_root()
 
 
 @pytest.fixture
