@@ -90,18 +90,38 @@ def ray_session() -> Iterator[None]:
     ray.shutdown()
 
 
+def _all_cpus_free() -> bool:
+    """Whether this process's Ray is the shared kind (2 CPUs, no GPU) and nothing holds any of its resources; a
+    trial or Train worker an earlier test ended may still be giving its CPU back: a few seconds' grace."""
+    import time
+
+    import ray
+
+    if not ray.is_initialized() or ray.cluster_resources() != {**ray.cluster_resources(), "CPU": 2.0} \
+            or "GPU" in ray.cluster_resources():
+        return False
+    for _ in range(20):
+        if ray.available_resources().get("CPU") == 2.0:
+            return True
+        time.sleep(0.5)
+    return False
+
+
 @pytest.fixture
-def fresh_ray() -> Iterator[object]:
-    """A Ray of its own (2 CPUs, nothing left over from earlier tests); the shared one comes back for the next
-    test that needs it (:func:`pytest_runtest_setup`).
+def fresh_ray() -> Iterator[None]:
+    """A Ray whose 2 CPUs are all free: the shared one when nothing holds any of them, else a Ray of its own (the
+    shared one then comes back for the next test that needs it: :func:`pytest_runtest_setup`).
 
     For a test that needs the whole of the 2 CPUs, such as a Train run whose workers take them all.
     """
     import ray
 
+    if _SHARED["wanted"] and _all_cpus_free():
+        yield
+        return
     ray.shutdown()
-    info = _init_ray_at_root()
-    yield info
+    _init_ray_at_root()
+    yield
     ray.shutdown()
 
 
@@ -265,6 +285,14 @@ def _built_once(tmp_path_factory, name: str, build) -> Path:
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return where
+
+
+@pytest.fixture(scope="session")
+def built_once(tmp_path_factory):
+    """``built_once(name, build)``: ``build(directory)`` run once for all of this session's test processes, as
+    :func:`_built_once` (a reference run that every test of a module compares with: worksteal may split the
+    module's tests over the processes)."""
+    return lambda name, build: _built_once(tmp_path_factory, name, build)
 
 
 @pytest.fixture(scope="session")

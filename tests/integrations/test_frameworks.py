@@ -10,9 +10,9 @@ import pytest
 import torch
 from ray import tune
 
-from tests.support.contract import KillActorOnce, checkpoint_iterations, run_actor
+from tests.support.contract import KillActorOnce, checkpoint_iterations, run_actor, run_actor_saving_midway
 from tunekit.testing import tensors_equal
-from tests.support.fit import fit, tunekit_rows
+from tests.support.fit import fit, only_result, tunekit_rows
 from tunekit import CheckpointError, read_metadata, read_state, warm_start
 from tunekit.callbacks import CheckpointByStepsTaken, ParquetLogger
 
@@ -45,15 +45,20 @@ PLAIN = dict(checkpoint_frequency=2, checkpoint_at_end=True)
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    """The uninterrupted reference run of each framework (frequency 2, at end, CheckpointByStepsTaken(3))."""
+def plain(built_once):
+    """The uninterrupted reference run of each framework (frequency 2, at end, CheckpointByStepsTaken(3)), run once
+    for every test process; read-only."""
     cache = {}
 
     def get(framework):
         if framework not in cache:
             trainable, config, iterations = CASES[framework]
-            cache[framework] = _fit(trainable, tmp_path_factory.mktemp("plain"), "plain", config=config,
-                                    stop=iterations, callbacks=[CheckpointByStepsTaken(3)], **PLAIN)
+
+            def build(where):
+                _fit(trainable, where, "plain", config=config, stop=iterations, callbacks=[CheckpointByStepsTaken(3)],
+                     **PLAIN)
+
+            cache[framework] = only_result(built_once(f"plain-{framework}", build) / "plain")
         return cache[framework]
 
     return get
@@ -89,14 +94,13 @@ def test_resume_on_a_gpu_in_a_fresh_actor_is_bit_exact(ray_session, framework, s
 def _resume_is_bit_exact(framework, storage, **extra):
     trainable, config, _ = CASES[framework]
     config = {**config, **extra, **({"every_n_steps": 4} if framework == "transformers" else {})}
-    full_results, full = run_actor(trainable, config, storage, "full", 4)
-    first, half = run_actor(trainable, config, storage, "first", 2)
+    full_results, half, full = run_actor_saving_midway(trainable, config, storage, "full", 4, 2)
     second, resumed = run_actor(trainable, config, storage, "second", 2, restore_from=half)
     a, b = read_state(full.checkpoint.path), read_state(resumed.checkpoint.path)
     _same_training_state(a, b, framework)
     assert tensors_equal(a["rng"], b["rng"]) == []
-    assert [r.get("loss", r.get("train_loss")) for r in full_results] == [
-        r.get("loss", r.get("train_loss")) for r in first + second]
+    assert [r.get("loss", r.get("train_loss")) for r in full_results[2:]] == [
+        r.get("loss", r.get("train_loss")) for r in second]
     assert [r["training_iteration"] for r in second] == [3, 4]
 
 

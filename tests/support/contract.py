@@ -44,6 +44,20 @@ def run_actor(cls, config, storage, trial, iterations, restore_from=None):
     return results, saved
 
 
+def run_actor_saving_midway(cls, config, storage, trial, iterations, midway):
+    """Train ``iterations`` iterations in one worker, saving after ``midway`` of them and at the end, as Tune's
+    periodic checkpoints do; the results, the midway checkpoint and the final one."""
+    actor = make_actor(cls, config, storage, trial)
+    try:
+        results = [ray.get(actor.train.remote()) for _ in range(midway)]
+        half = ray.get(actor.save.remote())
+        results += [ray.get(actor.train.remote()) for _ in range(iterations - midway)]
+        saved = ray.get(actor.save.remote())
+    finally:
+        end_actor(actor)
+    return results, half, saved
+
+
 def end_actor(actor) -> None:
     """End a trial's worker as Tune does: ``stop`` (the checkpoint write in flight completes), then kill it.
 

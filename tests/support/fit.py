@@ -32,6 +32,14 @@ def fit(trainable: Any, storage: Any, name: str, *, stop: int, config: dict[str,
     return grid
 
 
+def only_result(experiment: Any) -> tune.Result:
+    """The one trial's result of the finished experiment at ``experiment``, read back from its files (a run built
+    by another test process: ``built_once``)."""
+    grid = tune.ResultGrid(tune.ExperimentAnalysis(str(experiment)))
+    assert len(grid) == 1 and not grid.errors, (experiment, grid.errors)
+    return grid[0]
+
+
 def tunekit_rows(result: Any) -> Any:
     """Every row tunekit's ``ParquetLogger`` kept for ``result``'s trial, in the order reported (re-run
     iterations included): tunekit's own record of what ran. Ray's ``metrics_dataframe`` is not that: Ray

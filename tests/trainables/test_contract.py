@@ -10,7 +10,7 @@ import pytest
 import ray
 from ray import tune
 
-from tests.support.fit import fit, tunekit_rows
+from tests.support.fit import fit, only_result, tunekit_rows
 from tests.support.contract import (
     DamageAndKill,
     DyingDigits,
@@ -22,6 +22,7 @@ from tests.support.contract import (
     end_actor,
     make_actor,
     run_actor,
+    run_actor_saving_midway,
     worker_logs_mention,
 )
 import tunekit
@@ -46,8 +47,9 @@ def _fit(trainable, storage, name, *, stop, config=None, callbacks=(), max_failu
 
 @pytest.mark.floor
 def test_resume_in_fresh_process_is_bit_exact(ray_session, trainable, storage):
-    full_results, full = run_actor(trainable, CONFIG, storage, "full", 6)
-    first_results, half = run_actor(trainable, CONFIG, storage, "first", 3)
+    """Saved after 3 of 6 iterations, restored in a new worker that trains the other 3: the state and every
+    result equal the first worker's."""
+    full_results, half, full = run_actor_saving_midway(trainable, CONFIG, storage, "full", 6, 3)
     second_results, resumed = run_actor(trainable, CONFIG, storage, "second", 3, restore_from=half)
 
     a, b = read_state(full.checkpoint.path), read_state(resumed.checkpoint.path)
@@ -57,7 +59,7 @@ def test_resume_in_fresh_process_is_bit_exact(ray_session, trainable, storage):
     assert tensors_equal(a["rng"], b["rng"]) == []
     assert a["counters"] == b["counters"] and a["counters"]["iteration"] == 6
     for key in ("loss", "accuracy", "train_loss"):
-        assert [r[key] for r in full_results] == [r[key] for r in first_results + second_results]
+        assert [r[key] for r in full_results[3:]] == [r[key] for r in second_results]
     assert [r["training_iteration"] for r in second_results] == [4, 5, 6]
 
 
@@ -80,13 +82,14 @@ PLAIN = dict(stop=8, checkpoint_frequency=2, checkpoint_at_end=True)
 
 
 @pytest.fixture(scope="module")
-def plain_run(tmp_path_factory):
-    """The uninterrupted reference run of each trainable, made once per module."""
+def plain_run(built_once):
+    """The uninterrupted reference run of each trainable, run once for every test process; read-only."""
     cache = {}
 
     def get(trainable):
         if trainable not in cache:
-            cache[trainable] = _fit(trainable, tmp_path_factory.mktemp("plain"), "plain", **PLAIN)[0]
+            where = built_once(f"plain-{trainable.__name__}", lambda where: _fit(trainable, where, "plain", **PLAIN))
+            cache[trainable] = only_result(where / "plain")
         return cache[trainable]
 
     return get

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -40,11 +41,16 @@ def _run_killed_driver(point: str, storage: Path, name: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(ray_session, tmp_path_factory):
-    """The same experiment, uninterrupted: final state of each trial by seed."""
-    grid = make_tuner("none", str(tmp_path_factory.mktemp("reference")), "reference").fit()
-    assert not grid.errors
-    return {r.config["seed"]: read_state(r.checkpoint) for r in grid}
+def reference(ray_session, built_once):
+    """The same experiment, uninterrupted (run once for every test process): final state of each trial by seed."""
+    def build(where: Path) -> None:
+        grid = make_tuner("none", str(where), "reference").fit()
+        assert not grid.errors
+        finals = {r.config["seed"]: r.checkpoint.path for r in grid}
+        (where / "finals.json").write_text(json.dumps(finals))
+
+    finals = json.loads((built_once("resume-reference", build) / "finals.json").read_text())
+    return {int(seed): read_state(path) for seed, path in finals.items()}
 
 
 @pytest.mark.parametrize("point", ["training", "checkpoint", "snapshot", "stale"])

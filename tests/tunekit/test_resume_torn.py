@@ -53,17 +53,25 @@ def _finished_like(after, reference) -> None:
 
 
 @pytest.fixture(scope="module")
-def killed(ray_session, tmp_path_factory):
-    """Per trainable kind: the uninterrupted run's final weights by seed, and a driver killed at iteration 5."""
+def killed(ray_session, built_once):
+    """Per trainable kind: the uninterrupted run's final weights by seed, and a driver killed at iteration 5 (run
+    once for every test process; each test copies the experiment before damaging it)."""
+    def build(where: Path) -> None:
+        for kind, (point, reference_point) in KINDS.items():
+            base = where / kind
+            base.mkdir()
+            grid = make_tuner(reference_point, str(base), "reference").fit()
+            assert not grid.errors
+            (base / "finals.json").write_text(json.dumps({r.config["seed"]: r.checkpoint.path for r in grid}))
+            exp = _run_killed_driver(point, base, "exp")
+            assert (exp / RECORD_NAME).is_file(), "tunekit's callbacks wrote no record"
+
+    where = built_once("torn", build)
     out = {}
-    for kind, (point, reference_point) in KINDS.items():
-        base = tmp_path_factory.mktemp(f"torn-{kind}")
-        grid = make_tuner(reference_point, str(base), "reference").fit()
-        assert not grid.errors
-        reference = {r.config["seed"]: read_state(r.checkpoint)["models"]["model"] for r in grid}
-        exp = _run_killed_driver(point, base, "exp")
-        assert (exp / RECORD_NAME).is_file(), "tunekit's callbacks wrote no record"
-        out[kind] = (exp, reference)
+    for kind in KINDS:
+        finals = json.loads((where / kind / "finals.json").read_text())
+        out[kind] = (where / kind / "exp", {int(seed): read_state(path)["models"]["model"]
+                                             for seed, path in finals.items()})
     return out
 
 

@@ -359,3 +359,28 @@ def test_the_trial_directory_scan_types_each_name_alike_on_a_local_disk_and_thro
     assert [e.writer for e in scan(LOCAL, str(tmp_path), ("writing",))] == [(host, os.getpid())]
     assert sorted(e.kind for e in scan(LOCAL, str(tmp_path), ("staging",))) == ["staging", "staging"]
     assert scan(LOCAL, str(tmp_path / "missing")) == [] and highest_index(str(tmp_path)) == 6
+
+
+def test_tidy_after_a_whole_checkpoint_leaves_the_newer_kept_copy_and_live_writes(tmp_path, capsys):
+    """After checkpoint 4 is whole: older kept copies, copies a killed worker left half made and a dead writer's
+    staging directory go; checkpoints, a kept copy not older, a pin, a damaged copy and a live write stay.
+    ``tunekit verify`` names a half-made copy as an interrupted write, not as damage."""
+    from tunekit.checkpoint._trial_dir import LOCAL, scan, stage_checkpoint, tidy, writer_id
+    from tunekit.cli import main
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    trial = tmp_path / "exp" / "trial_0"
+    stay = ["checkpoint_000004", ".checkpoint_000004.kept", ".checkpoint_000001.pin-ab12", ".checkpoint_000000.damaged"]
+    go = [".checkpoint_000002.kept", ".checkpoint_000003.keeping-k1x2", ".checkpoint_000005.standin-s3y4",
+          f".checkpoint_000005.partial-{writer_id().rsplit('-', 1)[0]}-{dead}-x1y2"]
+    for name in stay + go:
+        (trial / name).mkdir(parents=True)
+    live = Path(stage_checkpoint(str(trial / "checkpoint_000006")))
+    assert {e.name for e in scan(LOCAL, str(trial), ("temporary",))} == set(go[1:3])
+    (tmp_path / "exp" / "experiment_state-2026-12-07_00-00-00.json").write_text("{}")
+    main(["verify", str(tmp_path / "exp")])
+    out = capsys.readouterr().out
+    assert ".checkpoint_000003.keeping-k1x2" in out and "a hard-linked copy left half made" in out, out
+    tidy(str(trial), 4)
+    assert sorted(p.name for p in trial.iterdir()) == sorted(stay + [live.name])

@@ -12,6 +12,11 @@ directory's name, for Ray's and tunekit's:
 ``.checkpoint_NNNNNN.kept``
     The trial's newest complete checkpoint, hard links, kept while a newer
     one is written (:func:`keep_newest_complete`; dropped by :func:`tidy`).
+``.checkpoint_NNNNNN.keeping-XXXX``, ``.checkpoint_NNNNNN.standin-XXXX``
+    A kept copy, or the stand-in for an announced checkpoint whose write never
+    completed (:func:`tunekit.trial._restoring`), while its hard links are made;
+    renamed once whole. One left behind is what a worker killed while making it
+    leaves (:func:`tidy` drops it).
 ``.checkpoint_NNNNNN.pin-XXXX``
     A PBT donor's checkpoint pinned from the moment the scheduler picks it
     while anything may restore from it (:mod:`tunekit.checkpoint._pins`): Ray's
@@ -53,10 +58,10 @@ from tunekit.checkpoint._manifest import MANIFEST_FILE
 from tunekit.errors import CheckpointError
 
 __all__ = [
-    "CHECKPOINT_DIR", "DAMAGED_COPY", "Entry", "KEPT_COPY", "LOCAL", "PARTIAL", "PINNED_COPY", "STAGING", "await_write",
-    "checkpoint_name_of", "damaged_name", "has_hidden_checkpoints", "is_train_checkpoint", "keep_newest_complete", "kept_name",
-    "leftovers", "link_tree", "restorable_checkpoints", "scan", "stage_checkpoint", "staging_of", "tidy",
-    "writer_alive", "writer_id"
+    "CHECKPOINT_DIR", "DAMAGED_COPY", "Entry", "KEPT_COPY", "LOCAL", "PARTIAL", "PINNED_COPY", "STAGING",
+    "TEMPORARY", "await_write", "checkpoint_name_of", "damaged_name", "has_hidden_checkpoints",
+    "is_train_checkpoint", "keep_newest_complete", "kept_name", "leftovers", "link_tree", "restorable_checkpoints",
+    "scan", "stage_checkpoint", "staging_of", "tidy", "writer_alive", "writer_id"
 ]
 
 #: The local disk, for :func:`scan` of a local trial directory.
@@ -104,8 +109,8 @@ class Entry(NamedTuple):
 
     name: str
     path: str
-    #: "checkpoint" (Ray's ``checkpoint_N``), "kept", "pinned", "damaged", "writing", "interrupted" (or
-    #: "staging": a staging directory whose writer was not looked up).
+    #: "checkpoint" (Ray's ``checkpoint_N``), "kept", "pinned", "damaged", "temporary", "writing", "interrupted"
+    #: (or "staging": a staging directory whose writer was not looked up).
     kind: str
     #: The ``N`` of the checkpoint it stands for.
     index: int
@@ -135,7 +140,8 @@ def scan(fs: pafs.FileSystem, trial_dir: str, kinds: Collection[str] | None = No
 
     "kept": a complete checkpoint kept while a newer one was written; "pinned": a checkpoint pinned for a PBT
     clone that has not read it yet (a paused trial's: its resume reads it); "damaged": a damaged checkpoint's
-    copy that ``tunekit resume`` kept; "writing": a staging directory whose writer is alive; "interrupted":
+    copy that ``tunekit resume`` kept; "temporary": a kept copy or a stand-in while its hard links are made (or
+    left half made by a killed worker); "writing": a staging directory whose writer is alive; "interrupted":
     one whose writer is gone (killed in the middle of the write). A staging directory's writer is looked up
     only when ``kinds`` asks for one of those two; ``kinds`` with "staging" lists them all unlooked-up.
     """
@@ -185,9 +191,11 @@ STAGING = re.compile(r"^\.(checkpoint_(?P<index>\d+))\.partial-(?:(?P<host>.+)-(
 KEPT_COPY = re.compile(r"^\.checkpoint_(?P<index>\d+)\.kept$")
 #: A donor's checkpoint pinned for a PBT clone that has not read it yet (hard links or a copy).
 PINNED_COPY = re.compile(r"^\.(checkpoint_(?P<index>\d+))\.pin-[0-9a-f]+$")
+#: A kept copy or a stand-in while its hard links are made (:func:`keep_newest_complete`, the restore's stand-in).
+TEMPORARY = re.compile(r"^\.checkpoint_(?P<index>\d+)\.(?:keeping|standin)-[^/]+$")
 #: How :func:`scan` types a directory by its name.
 _KINDS = (("checkpoint", CHECKPOINT_DIR), ("kept", KEPT_COPY), ("pinned", PINNED_COPY), ("damaged", DAMAGED_COPY),
-          ("staging", STAGING))
+          ("temporary", TEMPORARY), ("staging", STAGING))
 
 
 def writer_id() -> str:
@@ -276,16 +284,11 @@ def has_hidden_checkpoints(parent: str) -> bool:
 
 
 def tidy(parent: str, completed: int) -> None:
-    """After checkpoint ``completed`` is whole: drop kept copies before it and dead writers' staging directories."""
-    with os.scandir(parent) as entries:
-        names = [(e.name, e.path) for e in entries if e.name.startswith(".checkpoint_")]
-    for name, path in names:
-        kept = KEPT_COPY.match(name)
-        staging = STAGING.match(name)
-        if (kept and int(kept[1]) < completed) or ".keeping-" in name or ".standin-" in name or (
-            staging and not writer_alive(staging["host"], int(staging["pid"] or 0))
-        ):
-            shutil.rmtree(path, ignore_errors=True)
+    """After checkpoint ``completed`` is whole, in the trial's own process (so no copy of its is being made): drop
+    kept copies before it, copies left half made and dead writers' staging directories."""
+    for entry in scan(LOCAL, parent, ("kept", "temporary", "interrupted")):
+        if entry.kind != "kept" or entry.index < completed:
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def link_tree(source: str, target: str) -> None:

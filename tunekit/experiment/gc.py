@@ -45,6 +45,7 @@ _LEFTOVERS = {
     "interrupted": "an interrupted write (its writer is gone)",
     "kept": "a copy kept while a newer checkpoint was written",
     "pinned": "a PBT donor's pin (the run is over)",
+    "temporary": "a hard-linked copy left half made (the run is over)",
 }
 
 
@@ -173,7 +174,7 @@ def plan_gc(
             plan.emptied.append(trial.name)
         if leftovers:
             for name, kind in hidden_dirs(fs, where.path):
-                if kind in _LEFTOVERS and not (kind == "pinned" and running):
+                if kind in _LEFTOVERS and not (kind in ("pinned", "temporary") and running):
                     size = directory_bytes(fs, posixpath.join(where.path, name))
                     plan.deletions.append(Deletion(trial.name, name, size, _LEFTOVERS[kind]))
     if plan.emptied and not everything:

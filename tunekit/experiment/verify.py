@@ -356,6 +356,10 @@ def _leftover_checks(trial: Any) -> list[CheckpointCheck]:
         elif kind == "writing":
             out.append(CheckpointCheck(trial.name, name, None, "unverified",
                                        ("being written by a live process",)))
+        elif kind == "temporary":
+            out.append(CheckpointCheck(trial.name, name, None, "interrupted", (
+                "a hard-linked copy left half made (its worker was killed while making it; not damage: `tunekit gc "
+                "--leftovers` or the trial's next save removes it)",)))
         else:
             out.append(CheckpointCheck(trial.name, name, None, "interrupted", (
                 "an interrupted checkpoint write (its writer is gone; not damage: `tunekit gc --leftovers` or the "
