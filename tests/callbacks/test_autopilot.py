@@ -55,7 +55,7 @@ def _run(storage: Path, tmp_path: Path, iterations: int, failures: list[int], au
 def test_the_interval_converges_to_dalys_optimum_for_the_true_failure_rate(ray_session, storage, tmp_path):
     failures = list(range(int(MTBF), 2000, int(MTBF)))  # one every 10 s of training: the rate is known exactly
     autopilot = CheckpointAutopilot(max_overhead=None, max_interval_s=60)  # no prior: M learnt from failures
-    result = _run(storage, tmp_path, 50, failures, autopilot)
+    result = _run(storage, tmp_path, 35, failures, autopilot)
     seen = autopilot.mtbf.failures
     assert seen >= 4, f"only {seen} failures were injected"
     optimum = daly_interval(COST, MTBF)

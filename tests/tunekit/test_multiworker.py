@@ -219,30 +219,34 @@ def _reads_offline(experiment: Path, newest: Path, final: dict, tmp_path: Path) 
 
 
 def _reshards_and_falls_back(experiment: Path, checkpoints: list[Path], final: dict, tmp_path: Path, capsys) -> None:
+    from tunekit.checkpoint.loading import read_full_state
+
     _reads_offline(experiment, checkpoints[-1], final, tmp_path)
-    # written by 2 workers, restored by 1 (resharded, the full state equal), which trains one more epoch and
-    # writes a checkpoint of 1 worker; that one restored by 2: resharded the other way
+    # written by 2 workers, restored by 1 (resharded, the full state equal), which trains two more epochs and
+    # writes a checkpoint of 1 worker after each
     (tmp_path / "one").mkdir()
-    by_one = Path(_train(1, tmp_path / "one-run", epochs=CONFIG["epochs"] + 1, resume_from=str(checkpoints[-1]),
+    by_one = Path(_train(1, tmp_path / "one-run", epochs=CONFIG["epochs"] + 2, resume_from=str(checkpoints[-1]),
                          out=str(tmp_path / "one"), dump_restored=str(tmp_path / "on-one.pt"),
                          train_after_dump=True).checkpoint.path)
     on_one = torch.load(tmp_path / "on-one.pt", weights_only=True)
     assert on_one["iteration"] == CONFIG["epochs"]
     assert all(torch.equal(on_one["weights"][k], final[k]) for k in final)
-    assert json.loads((by_one / "ranks.json").read_text())["world_size"] == 1 and verify_checkpoint(str(by_one)).ok
-    on_two = _restore(by_one, 2, tmp_path / "on-two.pt")
-    assert on_two["iteration"] == CONFIG["epochs"] + 1
-    final_one = _final(tmp_path, "one")
-    assert final_one.keys() == on_two["weights"].keys()
-    assert all(torch.equal(on_two["weights"][k], final_one[k]) for k in final_one)
+    older = max(p for p in by_one.parent.glob("checkpoint_*") if p.is_dir() and p != by_one)
+    for written in (by_one, older):
+        assert json.loads((written / "ranks.json").read_text())["world_size"] == 1 and verify_checkpoint(str(written)).ok
     # one flipped shard: `tunekit verify` names it; a restore falls back to the newest checkpoint whose every
-    # shard verifies (iteration 3), on every rank
+    # shard verifies, on every rank: by 2 workers, from the newest of the 1-worker run (flipped) to the one
+    # before it, resharded the other way
     flip_byte(pafs.LocalFileSystem(), str(checkpoints[-1] / "rank-1"), "__1_0.distcp")
     assert main(["verify", str(experiment)]) == 1
     out = capsys.readouterr().out
     assert f"{checkpoints[-1].name}" in out and "rank-1/: __1_0.distcp: XXH3-128 differs from manifest" in out
-    fell_back = _restore(checkpoints[-1], 2, tmp_path / "fell-back.pt")
-    assert fell_back["iteration"] == CONFIG["epochs"] - 1
+    flip_byte(pafs.LocalFileSystem(), str(by_one / "rank-0"), "__0_0.distcp")
+    on_two = _restore(by_one, 2, tmp_path / "on-two.pt")
+    assert on_two["iteration"] == CONFIG["epochs"] + 1
+    expected = read_full_state(str(older))["models"]["model"]
+    assert expected.keys() == on_two["weights"].keys()
+    assert all(torch.equal(on_two["weights"][k], expected[k]) for k in expected)
 
 
 def test_pbt_clones_a_donor_sharded_checkpoint_with_the_mutated_rate_in_effect(fresh_ray, storage):
