@@ -106,11 +106,12 @@ def driver_state_problem(experiment: Storage, files: list[str]) -> str | None:
     return None
 
 
-def driver_state_damage(experiment: Storage) -> str | None:
+def driver_state_damage(experiment: Storage, files: list[str] | None = None) -> str | None:
     """:func:`driver_state_problem` of ``experiment`` as the readers (``status``, ``report``, ``verify``) say it:
-    what it means and what still continues the trials."""
+    what it means and what still continues the trials. ``files``: the names at its top, where a reader listed them
+    already (else listed here)."""
     from tunekit.checkpoint._layout import root_files
 
-    torn = driver_state_problem(experiment, root_files(experiment))
+    torn = driver_state_problem(experiment, root_files(experiment) if files is None else files)
     return f"{torn}: Ray would start the experiment over; `tunekit resume` continues the trials from tunekit's " \
         "record" if torn else None

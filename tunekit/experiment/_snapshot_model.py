@@ -216,6 +216,8 @@ class ExperimentSnapshot:
     storage: Any = field(default=None, repr=False, compare=False)
     #: Every checkpoint's files (:func:`tunekit.checkpoint._layout.checkpoint_files`) where one listing read them.
     listed_files: dict[str, dict[str, int]] | None = field(default=None, repr=False, compare=False)
+    #: The names of the files at the experiment's top as this read listed them (None: not listed).
+    root_files: list[str] | None = field(default=None, repr=False, compare=False)
     _verdicts: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property

@@ -82,7 +82,7 @@ def check_storage(snapshot: ExperimentSnapshot) -> dict[str, int]:
                 size_problems(ckpt.manifest, files.get(f"{trial.name}/{ckpt.name}", {}))
             if wrong:
                 snapshot.record_damage(ckpt, f"corrupt: {'; '.join(wrong)}")
-    if torn := driver_state_damage(experiment):
+    if torn := driver_state_damage(experiment, snapshot.root_files):
         snapshot.problems.append(torn)
     return {t.trial_id: sum(sum(files.get(f"{t.name}/{c.name}", {}).values()) for c in t.checkpoints)
             for t in snapshot.trials}
@@ -344,6 +344,7 @@ def _read_experiment(experiment: Storage, results: bool, keep_index: bool) -> Ex
         index.save()
     return ExperimentSnapshot(
         listed_files=index.checkpoint_files() if index is not None else None,
+        root_files=files,
         name=posixpath.basename(experiment.path.rstrip("/")),
         location=experiment.uri,
         start_time=start_time,
