@@ -125,3 +125,39 @@ def test_multi_worker_pbt_example_puts_the_clones_new_rate_in_effect(tmp_path):
     assert all(config == effect for config, effect in rates), rates
     started = {"0.001", "0.01"}
     assert sum(config not in started for config, _ in rates) == 1, rates  # the clone's: 0.8 or 1.2 of its donor's
+    _multi_worker_pbt_kept_what_it_needs(tmp_path / "ray_results" / "pbt_fsdp", dict(
+        (trial, config not in started) for trial, (config, _) in zip(
+            re.findall(r"^trial (\S+):", out.stdout, flags=re.M), rates)))
+
+
+def _multi_worker_pbt_kept_what_it_needs(experiment: Path, cloned: dict[str, bool]) -> None:
+    """The lineage names the one exploit: the clone took the donor's iteration-2 checkpoint. With
+    ``KeepCheckpoints(trial_latest=1)`` each trial keeps its newest Tune checkpoint and the Train checkpoint it
+    points at, at most one more of each (written as Tune stopped the trial for PBT's pause or exploit, never
+    registered by Tune, so no policy run by Tune counts it: ``tunekit gc`` takes those after the run), older
+    than the kept one and in a directory of its own; every pointer's target is there and whole."""
+    from tunekit import verify_experiment
+    from tunekit.analysis import pbt_lineage
+    from tunekit.checkpoint import read_metadata
+    from tunekit.experiment.snapshot import read_experiment
+    from tunekit.multiworker.trial import train_checkpoint_of
+
+    (clone,) = [t for t, yes in cloned.items() if yes]
+    (donor,) = [t for t, yes in cloned.items() if not yes]
+    exploits = pbt_lineage(str(experiment)).exploits
+    assert len(exploits) == 1, exploits
+    assert (exploits.iloc[0]["target"], exploits.iloc[0]["source"]) == (clone, donor)
+    assert exploits.iloc[0]["source_iteration"] == 2 and not exploits.iloc[0]["undone"]
+    for trial in read_experiment(str(experiment)).trials:
+        trial_dir = experiment / trial.name
+        pointers = sorted(trial_dir.glob("checkpoint_0*"))
+        kept = pointers[-1]
+        target = train_checkpoint_of(str(kept))
+        assert target is not None and target.startswith(str(trial_dir / "train"))
+        assert len(pointers) <= 2, pointers
+        for other in pointers[:-1]:
+            assert read_metadata(str(other))["iteration"] < read_metadata(str(kept))["iteration"]
+        left = sorted(str(p) for p in (trial_dir / "train").glob("checkpoint_*") if p.is_dir())
+        assert target in left and len(left) <= 2, (left, target)  # (without retention: 3 or more)
+    check = verify_experiment(str(experiment))  # every pointer's target there, every rank's part whole
+    assert check.ok, [c for c in check.checks if c.status != "good"]
