@@ -343,8 +343,7 @@ def _read_experiment(experiment: Storage, results: bool, keep_index: bool) -> Ex
     if index is not None and keep_index:
         index.save()
     return ExperimentSnapshot(
-        listed_files=index.checkpoint_files() if index is not None else None,
-        root_files=files,
+        listed_files=index.checkpoint_files() if index is not None else None, root_files=files,
         name=posixpath.basename(experiment.path.rstrip("/")),
         location=experiment.uri,
         start_time=start_time,
