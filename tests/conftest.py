@@ -97,8 +97,10 @@ def _all_cpus_free() -> bool:
 
     import ray
 
-    if not ray.is_initialized() or ray.cluster_resources() != {**ray.cluster_resources(), "CPU": 2.0} \
-            or "GPU" in ray.cluster_resources():
+    if not ray.is_initialized():
+        return False
+    total = ray.cluster_resources()
+    if total.get("CPU") != 2.0 or "GPU" in total:
         return False
     for _ in range(20):
         if ray.available_resources().get("CPU") == 2.0:

@@ -37,11 +37,14 @@ def run_actor(cls, config, storage, trial, iterations, restore_from=None):
     try:
         if restore_from is not None:
             ray.get(actor.restore.remote(restore_from))
-        results = [ray.get(actor.train.remote()) for _ in range(iterations)]
-        saved = ray.get(actor.save.remote())
+        return _train_then_save(actor, iterations)
     finally:
         end_actor(actor)
-    return results, saved
+
+
+def _train_then_save(actor, iterations):
+    results = [ray.get(actor.train.remote()) for _ in range(iterations)]
+    return results, ray.get(actor.save.remote())
 
 
 def run_actor_saving_midway(cls, config, storage, trial, iterations, midway):
@@ -49,13 +52,11 @@ def run_actor_saving_midway(cls, config, storage, trial, iterations, midway):
     periodic checkpoints do; the results, the midway checkpoint and the final one."""
     actor = make_actor(cls, config, storage, trial)
     try:
-        results = [ray.get(actor.train.remote()) for _ in range(midway)]
-        half = ray.get(actor.save.remote())
-        results += [ray.get(actor.train.remote()) for _ in range(iterations - midway)]
-        saved = ray.get(actor.save.remote())
+        first, half = _train_then_save(actor, midway)
+        rest, saved = _train_then_save(actor, iterations - midway)
     finally:
         end_actor(actor)
-    return results, half, saved
+    return first + rest, half, saved
 
 
 def end_actor(actor) -> None:
