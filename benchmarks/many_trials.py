@@ -361,12 +361,14 @@ def _side_by_side(args: argparse.Namespace, variants: list[str]) -> int:
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("--side-by-side: needs two CPUs (a sweep pinned to each)")
     cpus = sorted(os.sched_getaffinity(0))[:2]
-    others = [v for v in variants if v != "plain"]
+    anchors = {v: _anchor_of(v, variants) for v in variants if v not in ("plain", "plain-function")}
+    if "plain-function" in variants and "plain-function" not in anchors.values():
+        anchors["plain-function"] = "plain"  # (named alone: Ray's function runner against the plain class)
     kinds = ("wall", "its CPU busy")
-    ratios: dict[str, dict[str, list[float]]] = {v: {k: [] for k in kinds} for v in others}
+    ratios: dict[str, dict[str, list[float]]] = {v: {k: [] for k in kinds} for v in anchors}
     for repeat in range(args.repeats):
-        for variant in others:
-            where = dict(zip(("plain", variant), cpus if repeat % 2 == 0 else cpus[::-1]))
+        for variant, anchor in anchors.items():
+            where = dict(zip((anchor, variant), cpus if repeat % 2 == 0 else cpus[::-1]))
             keep = os.path.join(args.keep, f"r{repeat}-{variant}") if args.keep else None  # (a pair's own)
             running = {name: subprocess.Popen(_child_command(args, name, args.trials,  # (a side's own: phases)
                                                              keep and os.path.join(keep, name), cpu), text=True,
@@ -379,9 +381,16 @@ def _side_by_side(args: argparse.Namespace, variants: list[str]) -> int:
                 measured[name] = (wall, busy)
                 print(f"  {name:18s} round {repeat + 1}, CPU {where[name]}: {wall:7.1f} s  (driver CPU {cpu_s:5.1f} "
                       f"s; the CPU busy {busy:6.1f} s, stolen {stolen:5.1f}), {workers}", flush=True)
-            _add_ratios(ratios[variant], measured[variant], measured["plain"], f"{variant} / plain at the same time")
-    return _print_ratios(args, ratios, "a fresh driver per sweep on one CPU; each run against the plain run at the "
-                                       "same time on the other CPU")
+            _add_ratios(ratios[variant], measured[variant], measured[anchor], f"{variant} / {anchor} at the same time")
+    return _print_ratios(args, ratios, "a fresh driver per sweep on one CPU; each run against its anchor's run at "
+                                       "the same time on the other CPU (plain-function's for the function variants "
+                                       "where it is named, else plain's)")
+
+
+def _anchor_of(variant: str, variants: list[str]) -> str:
+    """The plain sweep a variant runs beside: a function variant's is Ray's own function trainable
+    (``plain-function``) when that is among the variants, every other's the plain class trainable."""
+    return "plain-function" if variant.startswith("function") and "plain-function" in variants else "plain"
 
 
 def _driver_memory(args: argparse.Namespace, variants: list[str]) -> int:
@@ -425,8 +434,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="each run of a variant beside a plain run of its own (fresh drivers; plain first "
                              "in odd rounds, second in even ones), each ratio against that run")
     mode.add_argument("--side-by-side", action="store_true",
-                        help="each run of a variant at the same time as a plain run of its own, each sweep "
-                             "pinned to a CPU of its own (swapped every round), each ratio against that run")
+                        help="each run of a variant at the same time as a plain run of its own (plain-function's "
+                             "for the function variants where it is named), each sweep pinned to a CPU of its own "
+                             "(swapped every round), each ratio against that run")
     parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)  # (--side-by-side's sweeps)
     parser.add_argument("--callbacks", default=",".join(CALLBACKS),
                         help=f"the +callbacks variants' callbacks, some of {CALLBACKS} (default: all)")
