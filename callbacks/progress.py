@@ -15,11 +15,18 @@ from tunekit.schedule.interval import describe_intervals
 from tunekit.errors import ConfigError
 from tunekit.callbacks.record import TunekitCallback
 
-__all__ = ["ProgressPrinter", "error_line"]
+__all__ = ["ProgressPrinter", "TRIAL_LINES_UP_TO", "error_line"]
+
+
+#: Up to this many trials in a sweep, each trial's end is a line of its own; beyond it the ends are counted in the
+#: status lines (a sweep of thousands of short trials would otherwise print a line per trial).
+TRIAL_LINES_UP_TO = 100
 
 
 class ProgressPrinter(TunekitCallback):
-    """Print one status line at most every ``interval_s`` seconds, and each trial's end."""
+    """Print one status line at most every ``interval_s`` seconds, and each trial's end in a sweep of at most
+    :data:`TRIAL_LINES_UP_TO` trials (beyond it, the status line's counts by state say how many ended). Each
+    failed trial is a line of its own, whatever the sweep's size, and again at the end of the run."""
 
     def __init__(self, metric: str, *, interval_s: float = 5.0, stream: TextIO | None = None) -> None:
         if not isinstance(metric, str) or not metric:
@@ -69,6 +76,8 @@ class ProgressPrinter(TunekitCallback):
     @override
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         super().on_trial_complete(iteration, trials, trial, **info)
+        if len(trials) > TRIAL_LINES_UP_TO:
+            return
         result = trial.last_result or {}
         value = result.get(self.metric)
         shown = f"{value:.4f}" if isinstance(value, (int, float)) else "n/a"

@@ -35,3 +35,30 @@ def test_a_tunekit_error_in_a_trial_is_shown_as_its_one_line(ray_session, storag
     assert trial.error == expected
     assert main(["status", str(storage / "broken")]) == 1  # a trial in ERROR: a failure (docs/cli.md)
     assert expected[:40] in capsys.readouterr().out
+
+
+def _trials(n: int, status: str) -> list:
+    from ray.tune.experiment import Trial
+
+    trials = [Trial("f", stub=True, trial_id=f"{i:05d}") for i in range(n)]
+    for trial in trials:
+        trial.set_status(status)
+        trial.update_last_result({"training_iteration": 4, "loss": 0.5})
+    return trials
+
+
+def test_each_trials_end_is_a_line_in_a_small_sweep_and_counted_in_the_status_line_of_a_large_one():
+    from callbacks.progress import TRIAL_LINES_UP_TO
+
+    for n, lines_each in ((TRIAL_LINES_UP_TO, True), (TRIAL_LINES_UP_TO + 1, False)):
+        stream = io.StringIO()
+        printer = ProgressPrinter("loss", stream=stream, interval_s=3600)
+        trials = _trials(n, "TERMINATED")
+        for trial in trials:
+            printer.on_trial_result(0, trials, trial, trial.last_result)
+            printer.on_trial_complete(0, trials, trial)
+        lines = stream.getvalue().splitlines()
+        done = [line for line in lines if " done after 4 iterations, loss=0.5000" in line]
+        assert len(done) == (n if lines_each else 0), lines[:5]
+        # one status line in the period (interval_s): its counts say how many ended
+        assert len(lines) == len(done) + 1 and f"{n} trials ({n} terminated)" in lines[0], lines[:3]

@@ -191,7 +191,7 @@ def test_ctrl_c_during_quickstart_is_shown_as_interrupted_and_resume_finishes_it
 
     env = {k: v for k, v in os.environ.items()
            if k not in ("RAY_AUTH_MODE", "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "RAY_ADDRESS")}
-    iterations = 500  # (the first progress line comes at the first result: Ctrl-C lands at iteration 1 or so)
+    iterations = 200  # (the first progress line comes at the first result: Ctrl-C lands at iteration 1 or so)
     storage = storage / "my runs"  # the printed command is pasted into a shell: quoted
     proc = subprocess.Popen(
         [sys.executable, "-m", "tunekit.cli", "quickstart", "--num-samples", "2", "--max-iterations", str(iterations),
