@@ -48,7 +48,7 @@ def _trials(n: int, status: str) -> list:
 
 
 def test_each_trials_end_is_a_line_in_a_small_sweep_and_counted_in_the_status_line_of_a_large_one():
-    from callbacks.progress import TRIAL_LINES_UP_TO
+    from tunekit.callbacks.progress import TRIAL_LINES_UP_TO
 
     for n, lines_each in ((TRIAL_LINES_UP_TO, True), (TRIAL_LINES_UP_TO + 1, False)):
         stream = io.StringIO()
