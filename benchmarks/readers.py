@@ -1,6 +1,6 @@
 """Benchmark: tunekit's readers on an existing local experiment, each run shown.
 
-``tunekit status``, ``verify`` (sizes) and ``report``, each in a fresh process (what a user waits for, imports
+``tunekit status``, ``verify`` (locally: every file's size and hash) and ``report``, each in a fresh process (what a user waits for, imports
 included); then, in one process and round by round, ``load_results`` from the Parquet results and from
 ``result.json`` against Ray's ``ExperimentAnalysis(EXP).trial_dataframes`` of the same round, with every row
 counted: tunekit's rows must equal Ray's. Made for the experiments ``many_trials.py --keep DIR`` leaves::
@@ -11,7 +11,6 @@ counted: tunekit's rows must equal Ray's. Made for the experiments ``many_trials
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import subprocess
 import sys
@@ -27,13 +26,6 @@ def _command(args: list[str]) -> tuple[float, int, str]:
     done = subprocess.run([sys.executable, "-m", "tunekit.cli", *args], capture_output=True, text=True, check=False)
     last = (done.stdout.strip().splitlines() or done.stderr.strip().splitlines() or [""])[-1]
     return time.perf_counter() - t0, done.returncode, last
-
-
-def _timed(fn):
-    gc.collect()  # (not timed) no garbage of the reader before
-    t0 = time.perf_counter()
-    value = fn()
-    return time.perf_counter() - t0, value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  tunekit {name:7s} " + ", ".join(f"{t:.2f} s (exit {code})" for t, code, _ in runs)
               + f"; it said: {runs[-1][2][:110]}", flush=True)
 
+    from load_results import _time  # (this directory's: gc before each reader, then one timed call)
     from ray.tune import ExperimentAnalysis
 
     from tunekit.analysis import load_results
@@ -65,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     for round_ in range(args.runs):
         times, rows = {}, {}
         for name, fn in readers.items():
-            times[name], value = _timed(fn)
+            (times[name],), value = _time(fn, 1)
             rows[name] = sum(len(df) for df in value.values()) if isinstance(value, dict) else len(value)
         ray_s = times["ExperimentAnalysis"]
         print(f"  round {round_ + 1}: ExperimentAnalysis {ray_s:.2f} s ({rows['ExperimentAnalysis']} rows); "

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+from unittest import mock
 
 import pytest
 
@@ -49,9 +50,7 @@ _QUIET_LOG_MONITOR = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0", "LOG_NAME_UPD
 def _init_ray(**kwargs):
     import ray
 
-    before = {name: os.environ.get(name) for name in _QUIET_LOG_MONITOR}
-    os.environ.update(_QUIET_LOG_MONITOR)  # (read by the log monitor ray.init starts)
-    try:
+    with mock.patch.dict(os.environ, _QUIET_LOG_MONITOR):  # (read by the log monitor ray.init starts)
         return ray.init(
             address="local",  # never a cluster someone started on this machine
             num_cpus=kwargs.pop("num_cpus", 2),
@@ -60,12 +59,6 @@ def _init_ray(**kwargs):
             configure_logging=False,
             **kwargs,
         )
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _init_ray_at_root(**kwargs):
