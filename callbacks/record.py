@@ -85,11 +85,11 @@ _INDEXING: dict[str, tuple[Future, float]] = {}
 
 
 def _keep_index(target: tuple[pafs.FileSystem, str] | None, *, final: bool = False) -> None:
-    """On remote storage, the readers' index of the run's experiment brought up to date on a helper thread, at
-    most every :data:`INDEX_INTERVAL_S` while the run goes on and once at its end (waited for: Ray's last
-    upload is done by then), so the first reader after a run reads the index and what changed since, not
-    every file. Each refresh reads only the files the index lacks or the listing shows changed."""
-    if target is None or isinstance(target[0], pafs.LocalFileSystem):
+    """The readers' index of the run's experiment brought up to date on a helper thread, once at the run's end
+    (waited for: Ray's last upload is done by then) and, on remote storage, at most every
+    :data:`INDEX_INTERVAL_S` while the run goes on, so the first reader after a run reads the index and what
+    changed since, not every file. Each refresh reads only the trials the listing shows changed."""
+    if target is None or (not final and isinstance(target[0], pafs.LocalFileSystem)):
         return
     fs, path = target
     now = time.monotonic()

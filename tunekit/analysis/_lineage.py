@@ -117,8 +117,11 @@ def _fix_exploit_iterations(experiment: Storage, snap: ExperimentSnapshot, recor
 def build_lineage(experiment: Storage, snap: ExperimentSnapshot, df: pd.DataFrame) -> Lineage:
     """The :class:`Lineage` of ``snap``'s exploits, ``df`` being its results (:func:`tunekit.load_results`)."""
     current: dict[str, dict[str, Any]] = {}
-    firsts = df.groupby("trial_id", sort=False).head(1).set_index("trial_id") if not df.empty else None
+    targets = {exploit.target for exploit in snap.exploits}  # (the trials whose config an exploit replaced)
+    firsts = df.groupby("trial_id", sort=False).head(1).set_index("trial_id") if not df.empty and targets else None
     for trial in snap.trials:
+        if trial.trial_id not in targets:
+            continue
         if firsts is not None and trial.trial_id in firsts.index:
             current[trial.trial_id] = row_config(firsts.loc[trial.trial_id])
         else:

@@ -44,7 +44,7 @@ def learning_curves(plt: Any, df: pd.DataFrame, metric: str, exploits: dict[str,
     values = pd.to_numeric(df[metric], errors="coerce").to_numpy(dtype=float)[order]
     starts = segment_starts(trials, its, exploits)
     ends = np.append(starts[1:], len(its))
-    colors = [plt.cm.tab10(codes[a] % 10) for a in starts]
+    colors = plt.cm.tab10(codes[starts] % 10)  # (one RGBA row per segment)
     ax.add_collection(LineCollection([np.column_stack((its[a:b], values[a:b])) for a, b in zip(starts, ends)],
                                      colors=colors, linewidths=1.2))
     ax.autoscale_view()

@@ -22,9 +22,10 @@ from tunekit.checkpoint._trial_dir import CHECKPOINT_DIR, DAMAGED_COPY, is_train
 from tunekit.errors import ExperimentError
 from tunekit.storage._location import Storage, not_s3, storage_errors
 
-__all__ = ["CHECKPOINT_DIR", "CheckpointDir", "DAMAGED_COPY", "POINTER_KEY", "TRAIN_DIR", "TrialDir", "checkpoint_bytes",
-           "checkpoint_count", "checkpoint_files", "files_by_checkpoint", "find_trials", "pointer_target",
-           "pointer_value", "root_files", "scan_experiment"]
+__all__ = ["CHECKPOINT_DIR", "CheckpointDir", "DAMAGED_COPY", "POINTER_KEY", "TRAIN_DIR", "TrialDir",
+           "check_experiment_dir", "checkpoint_bytes", "checkpoint_count", "checkpoint_files", "files_by_checkpoint",
+           "find_trials", "listed_trial_dir", "not_an_experiment", "pointer_target", "pointer_value", "root_files",
+           "scan_experiment"]
 
 _TRIAL_FILES = ("params.json", "result.json", "progress.csv", "error.txt")
 #: Where a multi-worker trial's Ray Train run keeps its checkpoints (:func:`tunekit.multiworker.train_trial`).
@@ -135,20 +136,8 @@ def scan_experiment(experiment: Storage, *, checkpoints: bool = True,
             directories).
         StorageError: the storage cannot be read.
     """
-    with storage_errors("read", experiment):
-        info = experiment.filesystem.get_file_info(experiment.path)
-    if info.type == pafs.FileType.NotFound:
-        foreign = not_s3(experiment)
-        raise ExperimentError(f"{experiment.uri}: the endpoint {foreign}" if foreign else
-                              f"{experiment.uri}: no such experiment directory")
-    if info.type != pafs.FileType.Directory:
-        raise ExperimentError(f"{experiment.uri}: is a file, expected an experiment directory")
-    if listed is not None:
-        def lister(where: Storage, path: str) -> list[_Entry]:
-            rel = path[len(experiment.path):].strip("/")
-            return [_Entry(name, is_dir, not is_dir) for name, is_dir in listed(rel)]
-    else:
-        lister = _list
+    check_experiment_dir(experiment)
+    lister = _list if listed is None else _lister(experiment, listed)
     entries = lister(experiment, experiment.path)
     has_state = any(
         e.is_file
@@ -161,11 +150,43 @@ def scan_experiment(experiment: Storage, *, checkpoints: bool = True,
     else:
         trials = _trial_dirs(experiment, entries, checkpoints, lister)
     if not has_state and not trials:
-        raise ExperimentError(
-            f"{experiment.uri}: not a Ray Tune experiment directory "
-            "(no experiment_state-*.json and no trial directories)"
-        )
+        raise not_an_experiment(experiment)
     return trials, _files(entries)
+
+
+def check_experiment_dir(experiment: Storage) -> None:
+    """Raise :class:`ExperimentError` unless ``experiment`` is a directory (StorageError: it cannot be read)."""
+    with storage_errors("read", experiment):
+        info = experiment.filesystem.get_file_info(experiment.path)
+    if info.type == pafs.FileType.NotFound:
+        foreign = not_s3(experiment)
+        raise ExperimentError(f"{experiment.uri}: the endpoint {foreign}" if foreign else
+                              f"{experiment.uri}: no such experiment directory")
+    if info.type != pafs.FileType.Directory:
+        raise ExperimentError(f"{experiment.uri}: is a file, expected an experiment directory")
+
+
+def not_an_experiment(experiment: Storage) -> ExperimentError:
+    """The error for a directory that holds no ``experiment_state-*.json`` and no trial directory."""
+    return ExperimentError(f"{experiment.uri}: not a Ray Tune experiment directory "
+                           "(no experiment_state-*.json and no trial directories)")
+
+
+def listed_trial_dir(experiment: Storage, name: str,
+                     listed: Callable[[str], list[tuple[str, bool]]]) -> TrialDir | None:
+    """The trial directory ``name`` of ``experiment`` with its checkpoints, from ``listed`` (a listing made already:
+    path inside the experiment -> its entries, (name, is a directory)); None when it is not a trial's."""
+    found = _trial_dirs(experiment, [_Entry(name, True, False)], True, _lister(experiment, listed))
+    return found[0] if found else None
+
+
+def _lister(experiment: Storage,
+            listed: Callable[[str], list[tuple[str, bool]]]) -> Callable[[Storage, str], list[_Entry]]:
+    def lister(where: Storage, path: str) -> list[_Entry]:
+        rel = path[len(experiment.path):].strip("/")
+        return [_Entry(name, is_dir, not is_dir) for name, is_dir in listed(rel)]
+
+    return lister
 
 
 def _local_trial_names(experiment: Storage, names: list[str]) -> list[TrialDir]:
@@ -253,7 +274,10 @@ def checkpoint_files(experiment: Storage, keys: Iterable[str] | None = None) -> 
 def files_by_checkpoint(files: Iterable[tuple[str, int]]) -> dict[str, dict[str, int]]:
     """:func:`checkpoint_files` of an experiment's listed files (path inside it, bytes)."""
     out: dict[str, dict[str, int]] = {}
+    train = f"/{TRAIN_DIR}/"
     for rel, size in files:
+        if "/checkpoint_" not in rel and train not in rel:  # (most files: a substring test costs less than a split)
+            continue
         parts = rel.split("/")
         if len(parts) > 2 and CHECKPOINT_DIR.match(parts[1]):
             out.setdefault(f"{parts[0]}/{parts[1]}", {})["/".join(parts[2:])] = size

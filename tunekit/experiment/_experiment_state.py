@@ -16,7 +16,8 @@ from tunekit.experiment.record import read_record
 from tunekit.storage._files import loads, read_bytes
 from tunekit.storage._location import Storage
 
-__all__ = ["missing_dirs", "read_state", "read_state_problems", "registered_in_state", "trials_from_state"]
+__all__ = ["missing_dirs", "read_state", "read_state_problems", "registered_in_state", "state_files", "state_summary",
+           "trials_from_state"]
 
 
 def read_state(experiment: Storage, problems: list[str], damaged: list[str],
@@ -101,3 +102,44 @@ def trials_from_state(state: dict[str, Any], problems: list[str], *, runtimes: b
         key = trial.get("relative_logdir") or trial.get("trial_id")
         out[str(key)] = {"trial": trial, "runtime": runtime}
     return out
+
+
+_PICKLED = "CLOUDPICKLE_FALLBACK"
+
+
+def _clean(value: Any) -> Any:
+    """JSON from Ray's encoder with its pickled blobs replaced by a marker."""
+    if isinstance(value, dict):
+        if value.get("_type") == _PICKLED:
+            return "<pickled: not read>"
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def state_files(files: list[str]) -> list[str]:
+    """Ray's experiment state files among an experiment's top-level file names."""
+    return [f for f in files if f.startswith("experiment_state") and f.endswith(".json")]
+
+
+#: What the readers use of each trial's entry in Ray's experiment state (the rest: pickled blobs and Ray's internals).
+_STATE_TRIAL_KEYS = ("trial_id", "trainable_name", "status", "experiment_tag", "relative_logdir")
+
+
+def state_summary(experiment: Storage, files: list[str], *, runtimes: bool) -> dict[str, Any]:
+    """What the readers use of Ray's newest whole experiment state, as JSON: its name, start time, damage, and
+    each trial's fields (config, status, tag; with ``runtimes``, its last result and failures)."""
+    problems: list[str] = []
+    damaged: list[str] = []
+    state_file, state = read_state(experiment, problems, damaged, files)
+    trials = {}
+    for key, entry in trials_from_state(state, problems, runtimes=runtimes).items():
+        trial, runtime = entry["trial"], entry["runtime"]
+        slim = {k: trial[k] for k in _STATE_TRIAL_KEYS if k in trial}
+        if "config" in trial:
+            slim["config"] = _clean(trial["config"])
+        trials[key] = {"trial": slim, "runtime": {"last_result": _clean(runtime.get("last_result")),
+                                                  "num_failures": runtime.get("num_failures")}}
+    return {"file": state_file, "start_time": (state.get("stats") or {}).get("start_time"), "trials": trials,
+            "problems": problems, "damaged": damaged}

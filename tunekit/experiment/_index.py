@@ -1,17 +1,22 @@
-"""The read model's index of a remote experiment: what was read from each file, kept beside the experiment
-and trusted only for files one listing shows unchanged.
+"""The read model's index of an experiment: what was read from its files, kept beside the experiment and
+trusted only for files one listing shows unchanged.
 
-Implementation tier of :mod:`tunekit.experiment.snapshot`. On object stores every file a reader opens is a request
-(on S3, tens of milliseconds each, one after another): reading a 2,000-trial experiment file by file takes
-tens of thousands. Here the experiment is listed once (recursively: one request per 1,000 objects, every
-object's size and modification time), the trial directories and checkpoints are found from that listing,
-and what a reader parsed out of each file (a trial's ``params.json``, ``result.json`` and ``error.txt``, a
-checkpoint's ``tunekit.json`` and manifest) is taken from ``EXP/.tunekit-index.json`` when the listing shows
-the file with the size and time the index recorded for it; a file the listing disagrees with (new, grown,
-rewritten) is read the slow way, a file the listing does not show is absent without a request. The
-readers write the index back after a read that found anything new (one PUT, atomic on object stores; a
-read-only bucket is read the slow way each time). A damaged, foreign or newer-format index is ignored and
-rebuilt. Local experiments are read directly: a local file costs microseconds.
+Implementation tier of :mod:`tunekit.experiment.snapshot`. Reading an experiment file by file costs a request per
+file on object stores (on S3, tens of milliseconds each, one after another: tens of thousands for 2,000 trials)
+and, on any storage, parsing every trial's files again (seconds for 10,000 trials on a local disk). Here the
+experiment is listed once (recursively: one request per 1,000 objects, every object's size and modification
+time) and ``EXP/.tunekit-index.json`` holds what the readers made of it:
+
+* each trial directory's summary (its checkpoints, parsed results, error, damage), trusted while the listing
+  shows every file under the directory with the sizes and times it had then (:meth:`ExperimentIndex.trial`);
+* Ray's experiment state as the readers use it, trusted while its state files are unchanged;
+* on remote storage, what was parsed out of each small file (:meth:`ExperimentIndex.value`), so a trial of which
+  one file changed is read with one request, not one per file.
+
+Whatever the listing disagrees with (new, grown, rewritten, gone) is read the slow way; a file the listing
+does not show is absent without a request. The readers write the index back after a read that found anything
+new (one PUT, atomic on object stores; locally through a temporary file and a rename; a read-only experiment
+is read the slow way each time). A damaged, foreign or older-format index is ignored and rebuilt.
 
 :func:`listed_storage` gives the same listing and index to code written against a filesystem
 (``tunekit verify``): a filesystem that answers file infos and directory listings from the listing and
@@ -22,25 +27,33 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import posixpath
 import threading
 from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+import xxhash
 
 from tunekit.checkpoint._manifest import MANIFEST_FILE, METADATA_FILE
 from tunekit.checkpoint._layout import files_by_checkpoint
+from tunekit.storage._files import file_bytes, loads
 from tunekit.storage._location import Storage, storage_errors
 
-__all__ = ["INDEX_NAME", "RemoteIndex", "listed_storage"]
+__all__ = ["ExperimentIndex", "INDEX_NAME", "listed_storage"]
 
 INDEX_NAME = ".tunekit-index.json"
-_FORMAT, _VERSION = "tunekit-index", 1
+_FORMAT, _VERSION = "tunekit-index", 2
+#: The files directly in a trial's directory that the readers open (the others' names alone are listed locally:
+#: Ray's ``progress.csv``, TensorBoard event files, ``params.pkl``); every file of a checkpoint is listed whole.
+_READ = frozenset({"params.json", "result.json", "error.txt"})
+#: Key suffix of a top-level directory's summary (:meth:`ExperimentIndex.trial`).
+_TRIAL = "\0trial"
 
 
-class RemoteIndex:
-    """One recursive listing of a remote experiment, and the parsed contents the index holds for its files."""
+class ExperimentIndex:
+    """One recursive listing of an experiment, and what the index holds for its files and trial directories."""
 
     def __init__(self, experiment: Storage) -> None:
         self.experiment = experiment
@@ -48,6 +61,8 @@ class RemoteIndex:
         self.stamps: dict[str, list[Any]] = {}
         #: Directory (path inside the experiment, "" for its top) -> its entries' names -> whether a directory.
         self.tree: dict[str, dict[str, bool]] = {"": {}}
+        #: Top-level directory -> a digest of every file under it as listed (path, size, time).
+        self.dir_stamps: dict[str, str] = {}
         self._listed = False
         self._cached: dict[str, Any] = {}
         self._fresh: dict[str, Any] = {}
@@ -62,42 +77,110 @@ class RemoteIndex:
                 self._list_now()
 
     def _list_now(self) -> None:
+        below: dict[str, list[str]] = {}  # top-level directory -> its files' stamps
+        if self.experiment.is_local:
+            with storage_errors("list", self.experiment):
+                self._walk(self.experiment.path, "", below, None, "")
+        else:
+            self._list_remote(below)
+        self.dir_stamps = {top: xxhash.xxh3_64_hexdigest("\n".join(sorted(lines)).encode())
+                           for top, lines in below.items()}
+        self._cached = self._load()
+        self._listed = True
+
+    def _walk(self, path: str, rel: str, below: dict[str, list[str]], lines: list[str] | None, sub: str) -> None:
+        """The local directory ``path`` (``rel`` inside the experiment, ``sub`` inside its top-level directory,
+        whose files' stamps go into ``lines``) into the listing, recursively: by ``os.scandir``, which knows each
+        entry's type without a ``stat`` (pyarrow makes an object of each entry's type: most of a listing of
+        10,000 trials)."""
+        entries = self.tree.setdefault(rel, {})
+        prefix = f"{rel}/" if rel else ""
+        try:
+            with os.scandir(path) as listing:
+                for entry in listing:
+                    name = entry.name
+                    if entry.is_file():  # (most entries: asked first)
+                        entries[name] = False
+                        if sub or lines is None or name in _READ:
+                            stat = entry.stat()
+                            size, mtime = stat.st_size, stat.st_mtime_ns
+                            self.stamps[prefix + name] = [size, mtime]
+                            if lines is not None:
+                                lines.append(f"{sub}{name}\t{size}\t{mtime}")
+                        else:  # (a file no reader opens: its name counts, not its size and time)
+                            self.stamps[prefix + name] = [None, None]
+                            lines.append(name)
+                    elif entry.is_dir(follow_symlinks=False):
+                        entries[name] = True
+                        if lines is None:  # (a top-level directory)
+                            self._walk(entry.path, name, below, below.setdefault(name, []), "")
+                        else:
+                            self._walk(entry.path, prefix + name, below, lines, f"{sub}{name}/")
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+
+    def _list_remote(self, below: dict[str, list[str]]) -> None:
         with storage_errors("list", self.experiment):
             infos = self.experiment.filesystem.get_file_info(
                 pafs.FileSelector(self.experiment.path, recursive=True, allow_not_found=True))
         root = self.experiment.path.rstrip("/") + "/"
+        cut, file_type, dir_type = len(root), pafs.FileType.File, pafs.FileType.Directory
         for info in infos:
-            if not info.path.startswith(root) or info.type not in (pafs.FileType.File, pafs.FileType.Directory):
+            kind, path = info.type, info.path
+            if (kind != file_type and kind != dir_type) or not path.startswith(root):
                 continue
-            rel = info.path[len(root):].rstrip("/")
-            is_dir = info.type == pafs.FileType.Directory
-            if not is_dir:
-                self.stamps[rel] = [info.size, info.mtime_ns]
-            while rel:  # rel in its directory, and each directory above in its own (object stores list none)
-                parent, name = posixpath.split(rel)
-                siblings = self.tree.setdefault(parent, {})
-                known = name in siblings
-                siblings[name] = siblings.get(name, False) or is_dir
-                if is_dir:
-                    self.tree.setdefault(rel, {})
-                if known and is_dir:
-                    break
-                rel, is_dir = parent, True
-        self._cached = self._load()
-        self._listed = True
+            rel = path[cut:].rstrip("/")
+            if kind == file_type:
+                size, mtime = info.size, info.mtime_ns
+                self.stamps[rel] = [size, mtime]
+                top, sep, rest = rel.partition("/")
+                if sep:
+                    below.setdefault(top, []).append(f"{rest}\t{size}\t{mtime}")
+                self._add(rel, False)
+            else:
+                self._add(rel, True)
+
+    def _add(self, rel: str, is_dir: bool) -> None:
+        """``rel`` in its directory's entries, and each directory above it in its own (object stores list none)."""
+        while rel:
+            parent, _, name = rel.rpartition("/")
+            siblings = self.tree.get(parent)
+            if siblings is None:
+                siblings = self.tree[parent] = {}
+            known = name in siblings
+            if is_dir:
+                siblings[name] = True
+                if rel not in self.tree:
+                    self.tree[rel] = {}
+                if known:
+                    return
+            elif not known:
+                siblings[name] = False
+            rel, is_dir = parent, True
 
     def _load(self) -> dict[str, Any]:
         if INDEX_NAME not in self.stamps:
             return {}
         try:  # (the listing shows it: read without asking again whether it is there)
-            with self.experiment.filesystem.open_input_file(posixpath.join(self.experiment.path, INDEX_NAME)) as f:
-                index = json.loads(f.read())  # (random access: one request, where a stream takes one per 256 KiB)
+            path = posixpath.join(self.experiment.path, INDEX_NAME)
+            index = loads(file_bytes(self.experiment.filesystem, path) or b"")
         except (OSError, ValueError):
             return {}
         if not isinstance(index, dict) or index.get("format") != _FORMAT or index.get("version") != _VERSION \
-                or not isinstance(index.get("entries"), dict):
-            return {}
+                or not isinstance(index.get("entries"), dict) or index.get("location") != self.experiment.path:
+            return {}  # (another location's: what it says of damage names that one)
         return index["entries"]
+
+    def top(self) -> tuple[list[str], list[str]]:
+        """The directories and the files at the experiment's top, each sorted by name."""
+        self._list()
+        entries = sorted(self.tree.get("", {}).items())
+        return [name for name, is_dir in entries if is_dir], [name for name, is_dir in entries if not is_dir]
+
+    def root_stamp(self, names: list[str]) -> list[Any]:
+        """The stamp of the files ``names`` at the experiment's top, as listed (for :meth:`cached`)."""
+        self._list()
+        return [[name, *self.stamps.get(name, [None, None])] for name in names]
 
     def children(self, rel: str) -> list[tuple[str, bool]]:
         """The entries directly in directory ``rel`` ("" for the experiment's top): (name, is a directory)."""
@@ -117,33 +200,62 @@ class RemoteIndex:
         stamp = self.stamps.get(rel)
         if stamp is None:
             return absent
-        key = rel if key is None else key
+        return self.cached(rel if key is None else key, stamp, read)
+
+    def trial(self, name: str, build: Callable[[], Any]) -> Any:
+        """What ``build()`` makes of the top-level directory ``name`` (a trial's summary): from the index while the
+        listing shows every file under it as it was when the index recorded it, else built and recorded."""
+        self._list()
+        return self.cached(name + _TRIAL, self.dir_stamps.get(name), build)
+
+    def cached(self, key: str, stamp: Any, build: Callable[[], Any]) -> Any:
+        """What ``build()`` returned under ``key`` when the files it read had ``stamp`` (JSON: sizes and times from
+        the listing), while they still have it; else ``build()``, recorded for the next reader."""
+        self._list()
         entry = self._cached.get(key)
         if isinstance(entry, dict) and entry.get("stamp") == stamp and "value" in entry:
             self._fresh[key] = entry
             return entry["value"]
-        value = read()
+        value = build()
         self._fresh[key] = {"stamp": stamp, "value": value}
         self.read_slowly += 1
         return value
 
+    def _stamp_now(self, key: str, stamp: Any) -> Any:
+        """The stamp the listing gives the entry ``key`` (recorded with ``stamp``) now; None: one it cannot confirm."""
+        rel, _, kind = key.partition("\0")
+        if kind == _TRIAL[1:]:
+            return self.dir_stamps.get(rel)
+        if rel:
+            return self.stamps.get(rel)
+        if isinstance(stamp, list) and all(isinstance(s, list) and s and isinstance(s[0], str) for s in stamp):
+            return self.root_stamp([s[0] for s in stamp])  # (made of files at the top: those files now)
+        return None
+
     def save(self) -> None:
-        """Write the index back when this read found anything it did not hold or a file changed (best effort: a
-        bucket that cannot be written is read the slow way next time too). Entries this read did not use stay
+        """Write the index back when this read found anything it did not hold or a file changed (best effort: an
+        experiment that cannot be written is read the slow way next time too). Entries this read did not use stay
         while the listing shows their files unchanged: another reader's (``verify``'s bytes, ``status``'s parsed
         values) serve that reader next time."""
         if not self._listed:
             return
         kept = {key: entry for key, entry in self._cached.items() if key not in self._fresh and isinstance(entry, dict)
-                and entry.get("stamp") == self.stamps.get(key.partition("\0")[0])}
+                and entry.get("stamp") is not None and entry.get("stamp") == self._stamp_now(key, entry.get("stamp"))}
         if not self.read_slowly and len(kept) + len(self._fresh) == len(self._cached):
             return
-        text = json.dumps({"format": _FORMAT, "version": _VERSION, "entries": {**kept, **self._fresh}},
-                          separators=(",", ":"), default=str)
+        data = json.dumps({"format": _FORMAT, "version": _VERSION, "location": self.experiment.path,
+                           "entries": {**kept, **self._fresh}},
+                          separators=(",", ":"), default=str).encode()
+        path = posixpath.join(self.experiment.path, INDEX_NAME)
         try:
-            with self.experiment.filesystem.open_output_stream(
-                    posixpath.join(self.experiment.path, INDEX_NAME)) as out:
-                out.write(text.encode())
+            if self.experiment.is_local:  # (a reader at the same time sees the old index or the new one)
+                temporary = f"{path}.{os.getpid()}.tmp"
+                with open(temporary, "wb") as out:
+                    out.write(data)
+                os.replace(temporary, path)
+            else:
+                with self.experiment.filesystem.open_output_stream(path) as out:
+                    out.write(data)
         except (OSError, ValueError):
             pass
 
@@ -160,10 +272,10 @@ def _payload(rel: str) -> bool:
 
 
 class _Listed(pafs.FileSystemHandler):
-    """A read-only filesystem over a :class:`RemoteIndex`: infos and listings from its one listing, small JSON
+    """A read-only filesystem over a :class:`ExperimentIndex`: infos and listings from its one listing, small JSON
     files from the index, everything else read from the storage."""
 
-    def __init__(self, index: RemoteIndex) -> None:
+    def __init__(self, index: ExperimentIndex) -> None:
         self.index = index
         self.fs = index.experiment.filesystem
         self.root = index.experiment.path.rstrip("/")
@@ -267,7 +379,7 @@ class _Listed(pafs.FileSystemHandler):
     move = copy_file = open_output_stream = open_append_stream = _read_only
 
 
-def listed_storage(index: RemoteIndex) -> Storage:
+def listed_storage(index: ExperimentIndex) -> Storage:
     """The experiment of ``index`` on a filesystem that answers from its listing and index (see the module)."""
     experiment = index.experiment
     return Storage(pafs.PyFileSystem(_Listed(index)), experiment.path, experiment.uri)

@@ -23,49 +23,31 @@ Example:
 
 from __future__ import annotations
 
-import json
 import posixpath
-from typing import Any, Callable
+from typing import Any
 
-from tunekit._checks import as_number
-from tunekit.experiment._exploit_log import PBT_LOG, id_in_name, read_exploits, tag_of, trial_tags
-from tunekit.experiment._index import RemoteIndex
-from tunekit.checkpoint._manifest import MANIFEST_FILE, manifest_sizes, size_problems
-from tunekit.checkpoint._directory import METADATA_FILE as METADATA_NAME
-from tunekit.checkpoint._directory import read_metadata
-from tunekit.errors import CheckpointError
-from tunekit.checkpoint._layout import (POINTER_KEY, TRAIN_DIR, CheckpointDir, TrialDir, checkpoint_files, pointer_target,
-                                    scan_experiment)
-from tunekit.experiment.record import interrupted_trials, read_record
 from tunekit._keys import RESTORED_FROM_KEY
-from tunekit.experiment.results import dedupe_lineage, exploits_by_trial, parse_result_lines, rows_lost
-from tunekit.storage._files import gc_paused, read_text
+from tunekit.checkpoint._layout import (TRAIN_DIR, check_experiment_dir, checkpoint_files, not_an_experiment,
+                                       pointer_target, scan_experiment)
+from tunekit.checkpoint._manifest import size_problems
+from tunekit.experiment._experiment_state import (missing_dirs, read_state_problems, registered_in_state, state_files,
+                                                  state_summary)
+from tunekit.experiment._exploit_log import PBT_LOG, id_in_name, read_exploits, tag_of, trial_tags
+from tunekit.experiment._index import ExperimentIndex
 from tunekit.experiment._pickles import driver_state_damage, tuner_pickle_problem
+from tunekit.experiment._snapshot_model import (RAY_KEYS, BestCheckpoint, CheckpointSummary, ExperimentSnapshot,
+                                                Exploit, TrialSnapshot, format_counts, ranked)
+from tunekit.experiment._trial_files import error_message, structure_summary, trial_summary
+from tunekit.experiment.record import interrupted_trials, read_record
+from tunekit.experiment.results import exploits_by_trial, rows_lost
+from tunekit.storage._files import gc_paused
 from tunekit.storage._location import Storage, resolve_storage
-from tunekit.experiment._experiment_state import (missing_dirs, read_state, read_state_problems, registered_in_state,
-                                       trials_from_state)
 
-from tunekit.experiment._snapshot_model import (RAY_KEYS, BestCheckpoint, CheckpointSummary, ExperimentSnapshot, Exploit,
-                                     TrialSnapshot, format_counts, ranked)
 __all__ = [
     "BestCheckpoint", "CheckpointSummary", "ExperimentSnapshot", "Exploit", "PBT_LOG", "RAY_KEYS", "TrialSnapshot",
     "check_storage", "error_message", "format_counts", "ranked", "read_experiment", "read_exploits",
     "read_state_problems", "registered_checkpoints", "registered_in_state", "trial_tags",
 ]
-
-_PICKLED = "CLOUDPICKLE_FALLBACK"
-
-
-def _clean(value: Any) -> Any:
-    """JSON from Ray's encoder with its pickled blobs replaced by a marker."""
-    if isinstance(value, dict):
-        if value.get("_type") == _PICKLED:
-            return "<pickled: not read>"
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
-
 
 def check_storage(snapshot: ExperimentSnapshot) -> dict[str, int]:
     """What ``status`` and ``report`` check beyond the record, damage into ``problems``: every tunekit checkpoint's
@@ -88,117 +70,15 @@ def check_storage(snapshot: ExperimentSnapshot) -> dict[str, int]:
             for t in snapshot.trials}
 
 
-def error_message(text: str | None) -> str | None:
-    """The line of an ``error.txt`` that says what went wrong: the last ``Type: message`` line.
-
-    Ray's error files end with the exception raised in the trial, often
-    after its traceback and Ray's wrapping; a tunekit error there is named
-    with its own one line.
-    """
-    if not text:
-        return None
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    ours = [line for line in lines if line.startswith("tunekit.errors.")]
-    if ours:
-        return ours[-1].removeprefix("tunekit.errors.")
-    return lines[-1] if lines else None
+def _infer_status(rows: list[dict[str, Any]], error: str | None) -> str:
+    if error:
+        return "ERROR"
+    if not rows:
+        return "PENDING"
+    return "TERMINATED" if rows[-1].get("done") else "RUNNING"
 
 
-def _read(experiment: Storage, trial: TrialDir, name: str, index: RemoteIndex | None,
-          parse: Callable[[str | None], Any] = lambda text: text) -> Any:
-    """``parse`` of the text of the trial's file ``name`` (None: no such file), from the index where it holds it."""
-    def read() -> Any:
-        return parse(read_text(experiment.filesystem, posixpath.join(trial.location.path, name)))
-
-    return read() if index is None else index.value(f"{trial.name}/{name}", read,
-                                                    absent=parse(None))
-
-
-def _read_params(experiment: Storage, trial: TrialDir, problems: list[str],
-                 index: RemoteIndex | None = None) -> dict[str, Any] | None:
-    params_text = _read(experiment, trial, "params.json", index)
-    if not params_text:
-        return None
-    try:
-        return json.loads(params_text)
-    except ValueError:
-        problems.append(f"{trial.name}/params.json is damaged")
-        return None
-
-
-def _read_trial_dir(
-    experiment: Storage, trial: TrialDir, problems: list[str], index: RemoteIndex | None = None
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str | None]:
-    params = _read_params(experiment, trial, problems, index)
-    rows, bad = _read(experiment, trial, "result.json", index, lambda text: parse_result_lines(text or ""))
-    if bad:
-        problems.append(f"{trial.name}/result.json: {bad} damaged line(s) skipped")
-    error = _read(experiment, trial, "error.txt", index, error_message)
-    return params, rows, error
-
-
-def _metadata(ckpt: CheckpointDir) -> dict[str, Any] | str:
-    """A checkpoint's ``tunekit.json``, or why it cannot be read."""
-    try:
-        return read_metadata(ckpt.location)
-    except CheckpointError as exc:
-        return str(exc)
-
-
-def _checkpoint_files(trial: TrialDir, ckpt: CheckpointDir, index: RemoteIndex | None) -> tuple[Any, Any]:
-    """A checkpoint's ``tunekit.json`` (or why not) and :func:`manifest_sizes`, from the index where it holds them."""
-    if index is None:
-        return _metadata(ckpt), manifest_sizes(ckpt.location)
-    where = f"{trial.name}/{ckpt.name}"
-    meta = index.value(f"{where}/{METADATA_NAME}", lambda: _metadata(ckpt),
-                       absent=f"not a tunekit checkpoint (no {METADATA_NAME})")
-    unsupported, listed = index.value(f"{where}/{MANIFEST_FILE}",
-                                      lambda: list(manifest_sizes(ckpt.location)), absent=[None, None])
-    return meta, (unsupported, listed)
-
-
-def _checkpoints(
-    trial: TrialDir, raw_rows: list[dict[str, Any]], rows: list[dict[str, Any]], problems: list[str],
-    index: RemoteIndex | None = None,
-) -> list[CheckpointSummary]:
-    by_name = {}
-    for row in raw_rows:  # the newest row naming a checkpoint wins
-        name = row.get("checkpoint_dir_name")
-        if isinstance(name, str):
-            by_name[name] = row
-    out = []
-    for ckpt in trial.checkpoints:
-        row = by_name.get(ckpt.name, {})
-        iteration = row.get("training_iteration")
-        meta, (unsupported, listed) = _checkpoint_files(trial, ckpt, index)
-        if not isinstance(meta, dict):
-            if "unreadable" in meta or "expected a JSON object" in meta:
-                problems.append(f"checkpoint {ckpt.location.uri} is corrupt: {METADATA_NAME} cannot be read")
-            meta = {}
-        meta_iteration = meta.get("iteration")
-        if isinstance(meta_iteration, int):
-            iteration = meta_iteration
-        if not row and iteration is not None:  # class trainables save after the result
-            row = next((r for r in rows if r.get("training_iteration") == iteration), {})
-        # tunekit checkpoints carry their iteration's metrics too: Ray's result.json can lose rows (a resumed trial's)
-        saved = meta.get("metrics") if isinstance(meta.get("metrics"), dict) else {}
-        metrics = {
-            k: v for k, v in {**saved, **row}.items()
-            if as_number(v) is not None and k != "training_iteration"
-        }
-        # (tunekit.json lost, the manifest lists it: damage)
-        if not meta and not isinstance(listed, dict):  # (neither file tunekit's: another writer's checkpoint)
-            unsupported, listed = None, None
-        value = meta.get(POINTER_KEY)
-        out.append(CheckpointSummary(ckpt.name, ckpt.location.uri, iteration, metrics, unsupported,
-                                     tunekit=bool(meta) or isinstance(listed, dict),
-                                     manifest=listed, location=ckpt.location,
-                                     points_at=pointer_target(ckpt.location.filesystem, ckpt.location.path, value)
-                                     if isinstance(value, str) else None))
-    return out
-
-
-def _mark_registered(experiment: Storage, trials: list[TrialSnapshot], recorded: dict[str, Any] | None) -> None:
+def _mark_registered(experiment: Storage, trials: list[TrialSnapshot]) -> None:
     """Whether Ray registered each tunekit checkpoint that has no manifest (else: a write that never completed),
     asked only where there is one (its experiment state's checkpoint lists are read then); a multi-worker
     trial's Train checkpoint counts as registered when a Tune checkpoint points at it."""
@@ -207,7 +87,7 @@ def _mark_registered(experiment: Storage, trials: list[TrialSnapshot], recorded:
     if not unmarked:
         return
     pointed = {c.points_at.rstrip("/") for t in trials for c in t.checkpoints if c.points_at}
-    registered = registered_in_state(experiment, recorded) or {} \
+    registered = registered_in_state(experiment) or {} \
         if any(not c.name.startswith(f"{TRAIN_DIR}/") for _, c in unmarked) else {}
     for trial, ckpt in unmarked:
         if ckpt.name.startswith(f"{TRAIN_DIR}/"):  # (Ray Train's: Tune holds it by a pointer, or not at all)
@@ -215,14 +95,6 @@ def _mark_registered(experiment: Storage, trials: list[TrialSnapshot], recorded:
             continue
         names = registered.get(trial.name)
         ckpt.registered = None if names is None else ckpt.name in names
-
-
-def _infer_status(rows: list[dict[str, Any]], error: str | None) -> str:
-    if error:
-        return "ERROR"
-    if not rows:
-        return "PENDING"
-    return "TERMINATED" if rows[-1].get("done") else "RUNNING"
 
 
 def read_experiment(location: str | Storage, *, filesystem: Any = None, results: bool = True,
@@ -234,8 +106,9 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
     ``results=False`` reads the experiment's structure only (trials, configs,
     statuses, PBT exploits, the state file's damage): no result rows, last
     results, failure counts or checkpoints, for readers that take those from elsewhere
-    (:func:`tunekit.analysis._load.load_results` reads the rows itself). A remote experiment is read from one
-    listing and the index the readers keep (:mod:`tunekit.experiment._index`); ``keep_index=False`` writes no index.
+    (:func:`tunekit.analysis._load.load_results` reads the rows itself). With results, the experiment is read from
+    one listing and the index the readers keep (:mod:`tunekit.experiment._index`): only trials the listing shows
+    changed since are read from their files; ``keep_index=False`` writes no index.
 
     Raises:
         ExperimentError: ``location`` is not an experiment directory.
@@ -246,75 +119,48 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
 
 
 def _read_experiment(experiment: Storage, results: bool, keep_index: bool) -> ExperimentSnapshot:
-    index = RemoteIndex(experiment) if results and not experiment.is_local else None  # (listed once asked)
-    trial_dirs, files = scan_experiment(experiment, checkpoints=results,
-                                        listed=index.children if index is not None else None)
     problems: list[str] = []
-    damaged_states: list[str] = []
-    state_file, state = read_state(experiment, problems, damaged_states, files)
+    if results:  # (every trial's files: read from one listing and the index, see tunekit.experiment._index)
+        index: ExperimentIndex | None = ExperimentIndex(experiment)
+        check_experiment_dir(experiment)
+        names, files = index.top()
+        state = index.cached("\0state", index.root_stamp(state_files(files)),
+                             lambda: state_summary(experiment, files, runtimes=True))
+        per_file = None if experiment.is_local else index  # (remote: a changed trial's unchanged files unread)
+        summaries = [(name, index.trial(name, lambda name=name: trial_summary(experiment, name, index, per_file)))
+                     for name in names]
+        summaries = [(name, summary) for name, summary in summaries if summary is not None]
+        if not summaries and not state_files(files):
+            raise not_an_experiment(experiment)
+    else:
+        index = None
+        trial_dirs, files = scan_experiment(experiment, checkpoints=False)
+        state = state_summary(experiment, files, runtimes=False)
+        summaries = [(d.name, structure_summary(experiment, d, state["trials"].get(d.name))) for d in trial_dirs]
+    problems += state["problems"]
     pickle_damage = tuner_pickle_problem(experiment)
     if pickle_damage:
         problems.append(f"{pickle_damage}; `tunekit resume` can still continue the trials")
-    recorded = trials_from_state(state, problems, runtimes=results)
-    start_time = (state.get("stats") or {}).get("start_time")
+    recorded = state["trials"]
+    start_time = state["start_time"]
 
     trials = []
-    seen = set()
-    for trial_dir in trial_dirs:
-        seen.add(trial_dir.name)
-        entry = recorded.get(trial_dir.name, {})
-        trial, runtime = entry.get("trial", {}), entry.get("runtime", {})
-        if results:
-            params, raw_rows, error = _read_trial_dir(experiment, trial_dir, problems, index)
-        else:
-            params, raw_rows, error = _read_params(experiment, trial_dir, problems) if "config" not in trial else None, [], None
-        for copy in trial_dir.damaged_copies:
-            problems.append(f"{trial_dir.name}/{copy}: a damaged checkpoint's copy that tunekit resume kept "
-                            "(`tunekit verify` says what is wrong with it)")
-        rows = dedupe_lineage(raw_rows)
-        last = _clean(runtime.get("last_result")) or (rows[-1] if rows else {})
-        if rows and rows[-1].get("training_iteration", 0) >= last.get("training_iteration", 0):
-            last = rows[-1]
-        checkpoints = _checkpoints(trial_dir, raw_rows, rows, problems, index) if results else []
-        iterations = max(
-            [int(last.get("training_iteration") or 0)]
-            + [c.iteration for c in checkpoints if isinstance(c.iteration, int)]
-        )
-        status = trial.get("status") or _infer_status(rows, error)
-        # Without the state file's record, the config of the newest row is the
-        # trial's current one (params.json keeps the first, before any exploit).
-        config = _clean(trial.get("config")) if "config" in trial else (
-            rows[-1]["config"] if rows and isinstance(rows[-1].get("config"), dict) else (params or {}))
-        if status == "PENDING" and iterations:
-            status = "RUNNING"  # the state file is older than the trial's progress
-        trials.append(
-            TrialSnapshot(
-                trial_id=str(trial.get("trial_id") or last.get("trial_id") or id_in_name(trial_dir.name)),
-                name=trial_dir.name,
-                trainable_name=trial.get("trainable_name"),
-                config=config,
-                status=status,
-                iterations=iterations,
-                last_result=last,
-                error=error,
-                num_failures=int(runtime.get("num_failures") or 0),
-                checkpoints=checkpoints,
-                results=rows,
-                tag=tag_of(trial, trial_dir.name),
-            )
-        )
+    for name, summary in summaries:
+        problems += summary["problems"]
+        trials.append(_trial_snapshot(experiment, name, summary, recorded.get(name, {})))
+    seen = {name for name, _ in summaries}
     problems += missing_dirs(recorded, seen)
     for key, entry in recorded.items():  # trials that never got a directory (or lost it)
         if key in seen:
             continue
         trial, runtime = entry["trial"], entry["runtime"]
-        last = _clean(runtime.get("last_result")) or {}
+        last = runtime.get("last_result") or {}
         trials.append(
             TrialSnapshot(
                 trial_id=str(trial.get("trial_id") or key),
                 name=key,
                 trainable_name=trial.get("trainable_name"),
-                config=_clean(trial.get("config") or {}),
+                config=trial.get("config") or {},
                 status=str(trial.get("status") or "PENDING"),
                 iterations=int(last.get("training_iteration") or 0),
                 last_result=last,
@@ -328,7 +174,7 @@ def _read_experiment(experiment: Storage, results: bool, keep_index: bool) -> Ex
         numbers = [s for s in starts if isinstance(s, (int, float))]
         start_time = min(numbers) if numbers else None
     trials.sort(key=lambda t: t.trial_id)
-    _mark_registered(experiment, trials, recorded if results else None)
+    _mark_registered(experiment, trials)
     exploits = read_exploits(experiment, trial_tags(trials), files)
     record, record_problem = read_record(experiment.filesystem, experiment.path)
     if record is None and record_problem and not record_problem.startswith("no "):  # (there, but unreadable)
@@ -347,14 +193,57 @@ def _read_experiment(experiment: Storage, results: bool, keep_index: bool) -> Ex
         name=posixpath.basename(experiment.path.rstrip("/")),
         location=experiment.uri,
         start_time=start_time,
-        state_file=state_file,
+        state_file=state["file"],
         trials=trials,
         problems=problems,
         exploits=exploits,
-        damaged_state_files=damaged_states, tuner_pickle_damage=pickle_damage,
+        damaged_state_files=state["damaged"], tuner_pickle_damage=pickle_damage,
         interrupted=interrupted,
         registered=registered_checkpoints(record),
         storage=experiment,
+    )
+
+
+def _trial_snapshot(experiment: Storage, name: str, summary: dict[str, Any], entry: dict[str, Any]) -> TrialSnapshot:
+    """The trial of directory ``name`` from its :func:`~tunekit.experiment._trial_files.trial_summary` and its
+    entry in :func:`~tunekit.experiment._experiment_state.state_summary`."""
+    trial, runtime = entry.get("trial", {}), entry.get("runtime", {})
+    rows, error = summary["rows"], summary["error"]
+    last = runtime.get("last_result") or (rows[-1] if rows else {})
+    if rows and rows[-1].get("training_iteration", 0) >= last.get("training_iteration", 0):
+        last = rows[-1]
+    checkpoints = []
+    for c in summary["checkpoints"]:
+        location = experiment.join(name, c["name"]) if "/" not in c["name"] else \
+            experiment.join(name, *c["name"].split("/"))
+        pointer = c["pointer"]
+        checkpoints.append(CheckpointSummary(
+            c["name"], location.uri, c["iteration"], c["metrics"], c["unsupported"], tunekit=c["tunekit"],
+            manifest=c["manifest"], location=location,
+            points_at=pointer_target(location.filesystem, location.path, pointer) if isinstance(pointer, str)
+            else None))
+    iterations = max([int(last.get("training_iteration") or 0)]
+                     + [c.iteration for c in checkpoints if isinstance(c.iteration, int)])
+    status = trial.get("status") or _infer_status(rows, error)
+    # Without the state file's record, the config of the newest row is the
+    # trial's current one (params.json keeps the first, before any exploit).
+    config = trial.get("config") if "config" in trial else (
+        rows[-1]["config"] if rows and isinstance(rows[-1].get("config"), dict) else (summary["params"] or {}))
+    if status == "PENDING" and iterations:
+        status = "RUNNING"  # the state file is older than the trial's progress
+    return TrialSnapshot(
+        trial_id=str(trial.get("trial_id") or last.get("trial_id") or id_in_name(name)),
+        name=name,
+        trainable_name=trial.get("trainable_name"),
+        config=config,
+        status=status,
+        iterations=iterations,
+        last_result=last,
+        error=error,
+        num_failures=int(runtime.get("num_failures") or 0),
+        checkpoints=checkpoints,
+        results=rows,
+        tag=tag_of(trial, name),
     )
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import pyarrow.fs as pafs
 from typing import Any, Callable, Literal
 
-from tunekit.experiment._index import RemoteIndex, listed_storage
+from tunekit.experiment._index import ExperimentIndex, listed_storage
 from tunekit.checkpoint._interrupted import INTERRUPTED_WRITE, interrupted_write
 from tunekit.checkpoint._manifest import NOT_WRITTEN, TUNEKIT_FILES
 from tunekit.checkpoint._trial_dir import CHECKPOINT_DIR, leftovers, scan
@@ -160,14 +160,14 @@ def verify_one(checkpoint: Storage) -> tuple[str, list[str]]:
     return report.status, list(report.problems)
 
 
-def _opened(location: str | Storage, filesystem: Any, full: bool | None) -> tuple[Storage, RemoteIndex | None, bool]:
+def _opened(location: str | Storage, filesystem: Any, full: bool | None) -> tuple[Storage, ExperimentIndex | None, bool]:
     """The experiment to verify (remote: read from one listing and the index, see :mod:`tunekit.experiment._index`), its
     index, and whether to hash every file (default: on a local disk, where reading is cheap)."""
     experiment = resolve_storage(location, filesystem=filesystem)
     hashed = experiment.is_local if full is None else full
     if experiment.is_local:
         return experiment, None, hashed
-    index = RemoteIndex(experiment)
+    index = ExperimentIndex(experiment)
     return listed_storage(index), index, hashed
 
 

@@ -1,0 +1,166 @@
+"""The readers' index of a local experiment (`EXP/.tunekit-index.json`): unchanged trials are taken from it, and
+whatever one listing shows changed since (or an index that is damaged, stale or another path's) is read from the
+files, so every reader says what a read from scratch says."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from ray import tune
+
+from tunekit.cli import main
+from tunekit.experiment._index import INDEX_NAME, ExperimentIndex
+from tunekit.experiment.snapshot import read_experiment
+from tunekit.storage._location import resolve_storage
+from tunekit.trainables import DigitsTrainable
+
+
+def _not_read(name: str):
+    def build():
+        raise AssertionError(f"{name} was read from its files, not from the index")
+    return build
+
+
+def _trial_dirs(exp: Path) -> list[Path]:
+    return sorted(p for p in exp.iterdir() if p.is_dir() and (p / "result.json").exists())
+
+
+def _read(exp: Path) -> tuple[dict, list[str], list[list]]:
+    """What every reader answers from: the snapshot as data, its damage, each checkpoint's manifest sizes."""
+    snap = read_experiment(str(exp))
+    return snap.as_dict(), snap.problems, [[c.manifest for c in t.checkpoints] for t in snap.trials]
+
+
+def _from_scratch(exp: Path) -> tuple[dict, list[str], list[list]]:
+    (exp / INDEX_NAME).unlink(missing_ok=True)
+    return _read(exp)
+
+
+@pytest.fixture
+def experiment(quickstart_experiment, tmp_path) -> Path:
+    exp = tmp_path / "qs"
+    shutil.copytree(quickstart_experiment, exp)
+    return exp
+
+
+def test_a_read_takes_unchanged_trials_from_the_index_and_reads_a_changed_one_again(experiment):
+    before = _read(experiment)
+    assert (experiment / INDEX_NAME).is_file()
+    trials = _trial_dirs(experiment)
+    index = ExperimentIndex(resolve_storage(str(experiment)))
+    for trial in trials:
+        index.trial(trial.name, _not_read(trial.name))
+    assert index.cached("\0state", index.root_stamp(
+        [f for f in index.top()[1] if f.startswith("experiment_state")]), _not_read("the experiment state"))
+
+    changed = trials[0]
+    rows = [json.loads(line) for line in (changed / "result.json").read_text().splitlines()]
+    extra = {**rows[-1], "training_iteration": rows[-1]["training_iteration"] + 1, "loss": 0.125}
+    with open(changed / "result.json", "a") as out:
+        out.write(json.dumps(extra) + "\n")
+    index = ExperimentIndex(resolve_storage(str(experiment)))
+    for trial in trials[1:]:
+        index.trial(trial.name, _not_read(trial.name))
+    with pytest.raises(AssertionError, match="read from its files"):
+        index.trial(changed.name, _not_read(changed.name))
+
+    after = _read(experiment)
+    trial = next(t for t in after[0]["trials"] if t["name"] == changed.name)
+    assert trial["last_result"]["loss"] == 0.125 and after != before
+    assert after == _from_scratch(experiment)
+
+
+def _truncate_index(exp: Path) -> None:
+    data = (exp / INDEX_NAME).read_bytes()
+    (exp / INDEX_NAME).write_bytes(data[: len(data) // 2])
+
+
+def _resume_after_the_index(exp: Path) -> None:
+    """What a resume does to a trial after the index was written (rows appended, its newest checkpoint gone, a
+    new one written), with the index from before put back."""
+    kept = (exp / INDEX_NAME).read_bytes()
+    trial = _trial_dirs(exp)[-1]
+    rows = [json.loads(line) for line in (trial / "result.json").read_text().splitlines()]
+    with open(trial / "result.json", "a") as out:
+        out.write(json.dumps({**rows[-1], "training_iteration": rows[-1]["training_iteration"] + 1}) + "\n")
+    checkpoints = sorted(trial.glob("checkpoint_*"))
+    shutil.copytree(checkpoints[-1], trial / "checkpoint_000099")
+    shutil.rmtree(checkpoints[-1])
+    (exp / INDEX_NAME).write_bytes(kept)
+
+
+def _delete_a_checkpoint(exp: Path) -> None:
+    shutil.rmtree(sorted(_trial_dirs(exp)[0].glob("checkpoint_*"))[0])
+
+
+def _cut_a_checkpoint_file(exp: Path) -> None:
+    """A checkpoint's payload cut short in place, its time kept: only its size tells."""
+    payload = next(p for p in sorted(_trial_dirs(exp)[0].glob("checkpoint_*/*"))
+                   if p.name not in ("tunekit.json", "manifest.json"))
+    stat = payload.stat()
+    payload.write_bytes(payload.read_bytes()[: stat.st_size // 2])
+    os.utime(payload, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@pytest.mark.parametrize("change", [_truncate_index, _resume_after_the_index, _delete_a_checkpoint,
+                                    _cut_a_checkpoint_file], ids=lambda f: f.__name__.strip("_"))
+def test_a_damaged_or_stale_index_is_never_trusted(experiment, change, capsys):
+    assert main(["status", str(experiment)]) == 0
+    capsys.readouterr()
+    change(experiment)
+    through_index = _read(experiment)
+    code = main(["status", str(experiment)])
+    shown = capsys.readouterr()
+    assert through_index == _from_scratch(experiment)
+    (experiment / INDEX_NAME).unlink()
+    assert main(["status", str(experiment)]) == code
+    assert capsys.readouterr() == shown
+    if change is _cut_a_checkpoint_file:
+        assert code == 2 and "corrupt" in shown.err
+
+
+def test_an_index_moved_with_its_experiment_is_not_trusted(experiment, tmp_path, capsys):
+    """A copy that keeps every file's time (`cp -a`, `rsync -a`) carries an index naming the old path: the new
+    path's damage is named with the new path."""
+    _cut_a_checkpoint_file(experiment)
+    assert main(["status", str(experiment)]) == 2
+    moved = tmp_path / "moved"
+    shutil.copytree(experiment, moved)  # (copy2: times kept)
+    assert main(["status", str(moved)]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert str(moved) in err and str(experiment) + "/" not in err
+
+
+def test_a_ray_only_experiment_is_indexed_and_read_again_where_it_changed(ray_example_runs, tmp_path, capsys):
+    exp = tmp_path / "pbt"
+    shutil.copytree(ray_example_runs["pbt_function.py"], exp)
+    assert main(["status", str(exp), "--metric", "mean_accuracy", "--mode", "max"]) == 0
+    first = capsys.readouterr().out
+    assert (exp / INDEX_NAME).is_file()
+    assert main(["status", str(exp), "--metric", "mean_accuracy", "--mode", "max"]) == 0
+    assert capsys.readouterr().out == first
+    _delete_a_checkpoint(exp)
+    assert _read(exp) == _from_scratch(exp)
+
+
+def test_a_run_keeps_the_index_of_a_local_experiment(ray_session, tmp_path):
+    """The run's end writes the index (any tunekit callback), so the first reader after it reads no trial's files."""
+    from tunekit.callbacks import ExperimentRecord
+
+    tune.Tuner(
+        DigitsTrainable,
+        param_space={"hidden_size": 8, "steps_per_iteration": 2, "checkpoint_every": 1, "seed": tune.grid_search([1, 2])},
+        run_config=tune.RunConfig(name="kept", storage_path=str(tmp_path), stop={"training_iteration": 2}, verbose=0,
+                                  callbacks=[ExperimentRecord()]),
+    ).fit()
+    exp = tmp_path / "kept"
+    assert (exp / INDEX_NAME).is_file()
+    index = ExperimentIndex(resolve_storage(str(exp)))
+    for trial in _trial_dirs(exp):
+        index.trial(trial.name, _not_read(trial.name))
+    snap = read_experiment(str(exp))
+    assert [[r["training_iteration"] for r in t.results] for t in snap.trials] == [[1, 2], [1, 2]]
