@@ -1,9 +1,11 @@
 """Benchmark: tunekit's readers on an existing local experiment, each run shown.
 
-``tunekit status``, ``verify`` (locally: every file's size and hash) and ``report``, each in a fresh process (what a user waits for, imports
-included); then, in one process and round by round, ``load_results`` from the Parquet results and from
-``result.json`` against Ray's ``ExperimentAnalysis(EXP).trial_dataframes`` of the same round, with every row
-counted: tunekit's rows must equal Ray's. Made for the experiments ``many_trials.py --keep DIR`` leaves::
+``tunekit status``, ``verify --sizes`` (every file's size against its manifest), ``verify`` (locally: every
+file's size and hash) and ``report``, each in a fresh process (what a user waits for, imports included); the
+first ``status`` reads whatever the experiment's index (``.tunekit-index.json``) lacks. Then, in one process
+and round by round, ``load_results`` from the Parquet results and from ``result.json`` against Ray's
+``ExperimentAnalysis(EXP).trial_dataframes`` of the same round, with every row counted: tunekit's rows must
+equal Ray's. Made for the experiments ``many_trials.py --keep DIR`` leaves::
 
     python benchmarks/readers.py /tmp/k10/fifo/r0-class+callbacks/class+callbacks/class_callbacks-0 --runs 3
 """
@@ -37,12 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     exp = os.path.abspath(args.experiment)
     out = tempfile.mkdtemp(prefix="tunekit-readers-")
-    commands = {"status": ["status", exp], "verify": ["verify", exp],
+    commands = {"status": ["status", exp], "verify --sizes": ["verify", exp, "--sizes"], "verify": ["verify", exp],
                 "report": ["report", exp, "--metric", args.metric, "--mode", args.mode, "--output", out]}
     print(f"{exp}: {sum(len(files) for _, _, files in os.walk(exp))} files", flush=True)
     for name, command in commands.items():
         runs = [_command(command) for _ in range(args.runs)]
-        print(f"  tunekit {name:7s} " + ", ".join(f"{t:.2f} s (exit {code})" for t, code, _ in runs)
+        print(f"  tunekit {name:14s} " + ", ".join(f"{t:.2f} s (exit {code})" for t, code, _ in runs)
               + f"; it said: {runs[-1][2][:110]}", flush=True)
 
     from load_results import _time  # (this directory's: gc before each reader, then one timed call)

@@ -30,6 +30,7 @@ import json
 import os
 import posixpath
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -44,7 +45,7 @@ from tunekit.storage._location import Storage, storage_errors
 __all__ = ["ExperimentIndex", "INDEX_NAME", "listed_storage"]
 
 INDEX_NAME = ".tunekit-index.json"
-_FORMAT, _VERSION = "tunekit-index", 2
+_FORMAT, _VERSION = "tunekit-index", 3
 #: The files directly in a trial's directory that the readers open (the others' names alone are listed locally:
 #: Ray's ``progress.csv``, TensorBoard event files, ``params.pkl``); every file of a checkpoint is listed whole.
 _READ = frozenset({"params.json", "result.json", "error.txt"})
@@ -78,14 +79,17 @@ class ExperimentIndex:
 
     def _list_now(self) -> None:
         below: dict[str, list[str]] = {}  # top-level directory -> its files' stamps
-        if self.experiment.is_local:
-            with storage_errors("list", self.experiment):
-                self._walk(self.experiment.path, "", below, None, "")
+        if self.experiment.is_local:  # (the index read and parsed while the walk waits on the disk)
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-index") as pool:
+                loading = pool.submit(self._load)
+                with storage_errors("list", self.experiment):
+                    self._walk(self.experiment.path, "", below, None, "")
+                self._cached = loading.result()
         else:
             self._list_remote(below)
+            self._cached = self._load() if INDEX_NAME in self.stamps else {}
         self.dir_stamps = {top: xxhash.xxh3_64_hexdigest("\n".join(sorted(lines)).encode())
                            for top, lines in below.items()}
-        self._cached = self._load()
         self._listed = True
 
     def _walk(self, path: str, rel: str, below: dict[str, list[str]], lines: list[str] | None, sub: str) -> None:
@@ -159,11 +163,10 @@ class ExperimentIndex:
             rel, is_dir = parent, True
 
     def _load(self) -> dict[str, Any]:
-        if INDEX_NAME not in self.stamps:
-            return {}
-        try:  # (the listing shows it: read without asking again whether it is there)
-            path = posixpath.join(self.experiment.path, INDEX_NAME)
-            index = loads(file_bytes(self.experiment.filesystem, path) or b"")
+        """The entries of the index (none: no index, or one damaged, foreign or of another format or path)."""
+        try:  # (remote: asked only when the listing shows it, and then read without asking again)
+            data = file_bytes(self.experiment.filesystem, posixpath.join(self.experiment.path, INDEX_NAME))
+            index = loads(data) if data else None
         except (OSError, ValueError):
             return {}
         if not isinstance(index, dict) or index.get("format") != _FORMAT or index.get("version") != _VERSION \

@@ -9,7 +9,7 @@ best checkpoint), with no I/O but hash verification of checkpoints.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from tunekit._checks import as_number, check_mode, check_scope
 from tunekit.checkpoint._interrupted import INTERRUPTED_WRITE, interrupted_write
@@ -17,11 +17,14 @@ from tunekit.checkpoint._directory import verify_checkpoint
 from tunekit._keys import INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
 from tunekit._keys import RESTORED_FROM_KEY
 
+if TYPE_CHECKING:
+    from tunekit.experiment._exploit_log import Exploit
+
 #: The first word of the verdict on a checkpoint whose write never completed (not damage).
 INTERRUPTED = "interrupted"
 
 __all__ = [
-    "BestCheckpoint", "CheckpointSummary", "ExperimentSnapshot", "Exploit", "RAY_KEYS", "TrialSnapshot",
+    "BestCheckpoint", "CheckpointSummary", "ExperimentSnapshot", "RAY_KEYS", "RowsText", "TrialSnapshot",
     "format_counts", "ranked"
 ]
 
@@ -92,19 +95,6 @@ def ranked(checkpoints: list[CheckpointSummary], metric: str, mode: Literal["max
 
 
 @dataclass(frozen=True)
-class Exploit:
-    """One PBT exploit from Ray's ``pbt_global.txt``, with trial ids for its tags."""
-
-    target: str
-    source: str
-    #: The target's iteration and the donor checkpoint's, as Ray logged them.
-    iteration: int
-    source_iteration: int
-    source_config: dict[str, Any]
-    new_config: dict[str, Any]
-
-
-@dataclass(frozen=True)
 class BestCheckpoint:
     """The best checkpoint of an experiment for a metric, and the trial it belongs to."""
 
@@ -123,6 +113,10 @@ class BestCheckpoint:
         return self.checkpoint.uri if self.checkpoint is not None else None
 
 
+class RowsText(str):
+    """A trial's result rows as JSON text, given for :attr:`TrialSnapshot.results`: parsed when first asked for."""
+
+
 @dataclass
 class TrialSnapshot:
     """What the experiment directory says about one trial."""
@@ -137,6 +131,7 @@ class TrialSnapshot:
     error: str | None
     num_failures: int
     checkpoints: list[CheckpointSummary]
+    #: Every result row, deduplicated (:func:`tunekit.experiment.results.dedupe_lineage`), oldest first.
     results: list[dict[str, Any]] = field(repr=False, default_factory=list)
     tag: str | None = None
     #: Iterations the trial ran that have no row in ``result.json``: rows Ray
@@ -182,6 +177,22 @@ class TrialSnapshot:
             "checkpoints": [c.as_dict() for c in self.checkpoints],
             "missing_iterations": self.missing_iterations,
         }
+
+
+
+
+def _results(trial: TrialSnapshot) -> list[dict[str, Any]]:
+    rows = trial.__dict__.get("_results")
+    if isinstance(rows, RowsText):  # (parsed once, when first asked for)
+        from tunekit.storage._files import loads
+
+        rows = trial.__dict__["_results"] = loads(rows)
+    return [] if rows is None else rows
+
+
+# A trial's rows stay text until asked for: most readers of a large experiment (`tunekit status`) use each trial's
+# newest row alone, and parsing every trial's rows was most of their time and memory.
+TrialSnapshot.results = property(_results, lambda trial, rows: trial.__dict__.update(_results=rows))  # type: ignore
 
 
 @dataclass

@@ -12,6 +12,7 @@ import posixpath
 from typing import Any, Callable
 
 from tunekit._checks import as_number
+from tunekit._keys import RESTORED_FROM_KEY
 from tunekit.checkpoint._directory import METADATA_FILE as METADATA_NAME
 from tunekit.checkpoint._directory import read_metadata
 from tunekit.checkpoint._layout import POINTER_KEY, CheckpointDir, TrialDir, listed_trial_dir, pointer_target
@@ -154,7 +155,7 @@ def trial_summary(experiment: Storage, name: str, index: ExperimentIndex,
         {"name": c.name, "iteration": c.iteration, "metrics": c.metrics, "unsupported": c.unsupported,
          "tunekit": c.tunekit, "manifest": c.manifest, "pointer": c.points_at}
         for c in _checkpoints(trial_dir, raw_rows, rows, problems, per_file, resolve=False)]
-    return {"params": params, "rows": rows, "error": error, "problems": problems, "checkpoints": checkpoints}
+    return {"params": params, **_rows(rows), "error": error, "problems": problems, "checkpoints": checkpoints}
 
 
 def structure_summary(experiment: Storage, trial_dir: TrialDir, entry: dict[str, Any] | None) -> dict[str, Any]:
@@ -163,7 +164,17 @@ def structure_summary(experiment: Storage, trial_dir: TrialDir, entry: dict[str,
     problems: list[str] = []
     params = _read_params(experiment, trial_dir, problems) if "config" not in (entry or {}).get("trial", {}) else None
     _copies_damage(trial_dir, problems)
-    return {"params": params, "rows": [], "error": None, "problems": problems, "checkpoints": []}
+    return {"params": params, **_rows([]), "error": None, "problems": problems, "checkpoints": []}
+
+
+def _rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A trial's rows in its summary: as JSON text (parsed only by a reader that asks for them:
+    :attr:`TrialSnapshot.results`), with what every read needs beside it: the newest row (the trial's status
+    and config), the first one's time (the experiment's start) and each row's iteration and restored checkpoint
+    (the rows Ray lost)."""
+    return {"rows": json.dumps(rows, separators=(",", ":")), "last_row": rows[-1] if rows else None,
+            "started": rows[0].get("timestamp") if rows else None,
+            "lineage": [[r.get("training_iteration"), r.get(RESTORED_FROM_KEY)] for r in rows]}
 
 
 def _copies_damage(trial_dir: TrialDir, problems: list[str]) -> None:

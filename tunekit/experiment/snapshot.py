@@ -26,17 +26,16 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from tunekit._keys import RESTORED_FROM_KEY
 from tunekit.checkpoint._layout import (TRAIN_DIR, check_experiment_dir, checkpoint_files, not_an_experiment,
                                        pointer_target, scan_experiment)
 from tunekit.checkpoint._manifest import size_problems
 from tunekit.experiment._experiment_state import (missing_dirs, read_state_problems, registered_in_state, state_files,
                                                   state_summary)
-from tunekit.experiment._exploit_log import PBT_LOG, id_in_name, read_exploits, tag_of, trial_tags
+from tunekit.experiment._exploit_log import PBT_LOG, Exploit, id_in_name, read_exploits, tag_of, trial_tags
 from tunekit.experiment._index import ExperimentIndex
 from tunekit.experiment._pickles import driver_state_damage, tuner_pickle_problem
 from tunekit.experiment._snapshot_model import (RAY_KEYS, BestCheckpoint, CheckpointSummary, ExperimentSnapshot,
-                                                Exploit, TrialSnapshot, format_counts, ranked)
+                                                RowsText, TrialSnapshot, format_counts, ranked)
 from tunekit.experiment._trial_files import error_message, structure_summary, trial_summary
 from tunekit.experiment.record import interrupted_trials, read_record
 from tunekit.experiment.results import exploits_by_trial, rows_lost
@@ -70,12 +69,12 @@ def check_storage(snapshot: ExperimentSnapshot) -> dict[str, int]:
             for t in snapshot.trials}
 
 
-def _infer_status(rows: list[dict[str, Any]], error: str | None) -> str:
+def _infer_status(newest: dict[str, Any] | None, error: str | None) -> str:
     if error:
         return "ERROR"
-    if not rows:
+    if not newest:
         return "PENDING"
-    return "TERMINATED" if rows[-1].get("done") else "RUNNING"
+    return "TERMINATED" if newest.get("done") else "RUNNING"
 
 
 def _mark_registered(experiment: Storage, trials: list[TrialSnapshot]) -> None:
@@ -170,7 +169,7 @@ def _read_experiment(experiment: Storage, results: bool, keep_index: bool) -> Ex
             )
         )
     if start_time is None:
-        starts = [r.get("timestamp") for t in trials for r in t.results[:1]]
+        starts = [summary["started"] for _, summary in summaries]
         numbers = [s for s in starts if isinstance(s, (int, float))]
         start_time = min(numbers) if numbers else None
     trials.sort(key=lambda t: t.trial_id)
@@ -182,9 +181,10 @@ def _read_experiment(experiment: Storage, results: bool, keep_index: bool) -> Ex
                         "`tunekit gc` refuses without it")
     interrupted = interrupted_trials(experiment.filesystem, experiment.path, trials, record) if record else []
     clones = exploits_by_trial(exploits)
-    for t in (t for t in trials if t.results):  # (no rows, none lost)
-        t.missing_iterations = rows_lost([r.get("training_iteration") for r in t.results],
-                                         [r.get(RESTORED_FROM_KEY) for r in t.results], own=t.name,
+    lineages = {name: summary["lineage"] for name, summary in summaries}
+    for t in (t for t in trials if lineages.get(t.name)):  # (no rows, none lost)
+        iterations, restored = zip(*lineages[t.name])
+        t.missing_iterations = rows_lost(list(iterations), list(restored), own=t.name,
                                          exploits=clones.get(t.trial_id, []), continued=t.continued)
     if index is not None and keep_index:
         index.save()
@@ -208,10 +208,10 @@ def _trial_snapshot(experiment: Storage, name: str, summary: dict[str, Any], ent
     """The trial of directory ``name`` from its :func:`~tunekit.experiment._trial_files.trial_summary` and its
     entry in :func:`~tunekit.experiment._experiment_state.state_summary`."""
     trial, runtime = entry.get("trial", {}), entry.get("runtime", {})
-    rows, error = summary["rows"], summary["error"]
-    last = runtime.get("last_result") or (rows[-1] if rows else {})
-    if rows and rows[-1].get("training_iteration", 0) >= last.get("training_iteration", 0):
-        last = rows[-1]
+    newest, error = summary["last_row"], summary["error"]
+    last = runtime.get("last_result") or newest or {}
+    if newest and newest.get("training_iteration", 0) >= last.get("training_iteration", 0):
+        last = newest
     checkpoints = []
     for c in summary["checkpoints"]:
         location = experiment.join(name, c["name"]) if "/" not in c["name"] else \
@@ -224,11 +224,11 @@ def _trial_snapshot(experiment: Storage, name: str, summary: dict[str, Any], ent
             else None))
     iterations = max([int(last.get("training_iteration") or 0)]
                      + [c.iteration for c in checkpoints if isinstance(c.iteration, int)])
-    status = trial.get("status") or _infer_status(rows, error)
+    status = trial.get("status") or _infer_status(newest, error)
     # Without the state file's record, the config of the newest row is the
     # trial's current one (params.json keeps the first, before any exploit).
     config = trial.get("config") if "config" in trial else (
-        rows[-1]["config"] if rows and isinstance(rows[-1].get("config"), dict) else (summary["params"] or {}))
+        newest["config"] if newest and isinstance(newest.get("config"), dict) else (summary["params"] or {}))
     if status == "PENDING" and iterations:
         status = "RUNNING"  # the state file is older than the trial's progress
     return TrialSnapshot(
@@ -242,7 +242,7 @@ def _trial_snapshot(experiment: Storage, name: str, summary: dict[str, Any], ent
         error=error,
         num_failures=int(runtime.get("num_failures") or 0),
         checkpoints=checkpoints,
-        results=rows,
+        results=RowsText(summary["rows"]),
         tag=tag_of(trial, name),
     )
 
