@@ -29,10 +29,12 @@ def _trial_dirs(exp: Path) -> list[Path]:
     return sorted(p for p in exp.iterdir() if p.is_dir() and (p / "result.json").exists())
 
 
-def _read(exp: Path) -> tuple[dict, list[str], list[list]]:
-    """What every reader answers from: the snapshot as data, its damage, each checkpoint's manifest sizes."""
+def _read(exp: Path) -> tuple[dict, dict, list[str], list[list]]:
+    """What every reader answers from: the experiment's structure (as `load_results` reads it: Ray's experiment
+    state from the index where it holds it), the snapshot as data, its damage, each checkpoint's manifest sizes."""
+    structure = read_experiment(str(exp), results=False).as_dict()
     snap = read_experiment(str(exp))
-    return snap.as_dict(), snap.problems, [[c.manifest for c in t.checkpoints] for t in snap.trials]
+    return structure, snap.as_dict(), snap.problems, [[c.manifest for c in t.checkpoints] for t in snap.trials]
 
 
 def _from_scratch(exp: Path) -> tuple[dict, list[str], list[list]]:
@@ -69,7 +71,7 @@ def test_a_read_takes_unchanged_trials_from_the_index_and_reads_a_changed_one_ag
         index.trial(changed.name, _not_read(changed.name))
 
     after = _read(experiment)
-    trial = next(t for t in after[0]["trials"] if t["name"] == changed.name)
+    trial = next(t for t in after[1]["trials"] if t["name"] == changed.name)
     assert trial["last_result"]["loss"] == 0.125 and after != before
     assert after == _from_scratch(experiment)
 
@@ -93,6 +95,12 @@ def _resume_after_the_index(exp: Path) -> None:
     (exp / INDEX_NAME).write_bytes(kept)
 
 
+def _rewrite_rays_state(exp: Path) -> None:
+    """Ray's experiment state rewritten after the index was (every trial now PAUSED)."""
+    state = sorted(exp.glob("experiment_state-*.json"))[-1]
+    state.write_text(state.read_text().replace("TERMINATED", "PAUSED"))
+
+
 def _delete_a_checkpoint(exp: Path) -> None:
     shutil.rmtree(sorted(_trial_dirs(exp)[0].glob("checkpoint_*"))[0])
 
@@ -106,8 +114,8 @@ def _cut_a_checkpoint_file(exp: Path) -> None:
     os.utime(payload, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
-@pytest.mark.parametrize("change", [_truncate_index, _resume_after_the_index, _delete_a_checkpoint,
-                                    _cut_a_checkpoint_file], ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize("change", [_truncate_index, _resume_after_the_index, _rewrite_rays_state,
+                                    _delete_a_checkpoint, _cut_a_checkpoint_file], ids=lambda f: f.__name__.strip("_"))
 def test_a_damaged_or_stale_index_is_never_trusted(experiment, change, capsys):
     assert main(["status", str(experiment)]) == 0
     capsys.readouterr()
@@ -121,6 +129,9 @@ def test_a_damaged_or_stale_index_is_never_trusted(experiment, change, capsys):
     assert capsys.readouterr() == shown
     if change is _cut_a_checkpoint_file:
         assert code == 2 and "corrupt" in shown.err
+    if change is _rewrite_rays_state:
+        assert {t["status"] for t in through_index[0]["trials"]} == {"PAUSED"} == {
+            t["status"] for t in through_index[1]["trials"]}
 
 
 def test_an_index_moved_with_its_experiment_is_not_trusted(experiment, tmp_path, capsys):

@@ -94,7 +94,7 @@ def resume_experiment(
     if resume_errored and restart_errored:
         raise ConfigError("resume: --resume-errored and --restart-errored exclude each other")
     experiment = resolve_storage(location)
-    read_experiment(experiment)  # (not an experiment: said before any lease is written there)
+    read_experiment(experiment, results=False)  # (not an experiment: said before any lease is written there)
     with experiment_lease(experiment, "resume"):
         if aborted := abort_uploads(experiment, open_uploads(experiment) or []):  # (nothing writes under the lease)
             print(f"aborted {aborted} interrupted multipart upload(s) a kill left in {experiment.uri}", file=out)
@@ -105,7 +105,7 @@ def resume_experiment(
 def _resume(experiment: Storage, *, trainable: str | None, resume_errored: bool, restart_errored: bool,
             cpus: int | None, address: str | None, out: TextIO) -> ResumeSummary:
     """:func:`resume_experiment` while it holds the experiment's lease."""
-    before = read_experiment(experiment)
+    before = read_experiment(experiment, keep_index=False)  # (a resume that refuses or finds nothing to do writes nothing)
     record, record_problem = read_record(experiment.filesystem, experiment.path)
     state_whole = before.state_file is not None and before.state_file not in before.damaged_state_files
     # (a torn search algorithm or callback state: Ray would drop the restore and start the experiment over)

@@ -174,6 +174,19 @@ class ExperimentIndex:
             return {}  # (another location's: what it says of damage names that one)
         return index["entries"]
 
+    def stored(self, key: str, files: list[str], build: Callable[[], Any]) -> Any:
+        """What ``build()`` makes of the files ``files`` at the experiment's top (the index's entry ``key``), from the
+        index while they are as it recorded them, and without a listing (``read_experiment(results=False)``)."""
+        paths = [posixpath.join(self.experiment.path, name) for name in files]
+        with storage_errors("read", self.experiment):
+            infos = self.experiment.filesystem.get_file_info(paths) if paths else []
+        stamp = [[name, info.size, info.mtime_ns] if info.type == pafs.FileType.File else [name, None, None]
+                 for name, info in zip(files, infos)]
+        entry = self._load().get(key)
+        if isinstance(entry, dict) and entry.get("stamp") == stamp and "value" in entry:
+            return entry["value"]
+        return build()
+
     def top(self) -> tuple[list[str], list[str]]:
         """The directories and the files at the experiment's top, each sorted by name."""
         self._list()
@@ -231,9 +244,8 @@ class ExperimentIndex:
             return self.dir_stamps.get(rel)
         if rel:
             return self.stamps.get(rel)
-        if isinstance(stamp, list) and all(isinstance(s, list) and s and isinstance(s[0], str) for s in stamp):
-            return self.root_stamp([s[0] for s in stamp])  # (made of files at the top: those files now)
-        return None
+        ok = isinstance(stamp, list) and all(isinstance(s, list) and s and isinstance(s[0], str) for s in stamp)
+        return self.root_stamp([s[0] for s in stamp]) if ok else None  # (made of files at the top: those now)
 
     def save(self) -> None:
         """Write the index back when this read found anything it did not hold or a file changed (best effort: an

@@ -190,8 +190,7 @@ def _results(trial: TrialSnapshot) -> list[dict[str, Any]]:
     return [] if rows is None else rows
 
 
-# A trial's rows stay text until asked for: most readers of a large experiment (`tunekit status`) use each trial's
-# newest row alone, and parsing every trial's rows was most of their time and memory.
+# A trial's rows stay text until asked for: most readers of a large experiment use each trial's newest row alone.
 TrialSnapshot.results = property(_results, lambda trial, rows: trial.__dict__.update(_results=rows))  # type: ignore
 
 
@@ -268,6 +267,8 @@ class ExperimentSnapshot:
         """Raise ConfigError naming the known metrics when no trial reported ``metric``."""
         from tunekit.errors import ConfigError
 
+        if metric not in RAY_KEYS and any(as_number(t.last_result.get(metric)) is not None for t in self.trials):
+            return  # (a trial's newest result has it: known without reading every row)
         known = self.metrics()
         if metric not in known and self.not_finite(metric):
             raise ConfigError(f"{call}: {self.no_metric(metric)}")

@@ -164,7 +164,7 @@ def structure_summary(experiment: Storage, trial_dir: TrialDir, entry: dict[str,
     problems: list[str] = []
     params = _read_params(experiment, trial_dir, problems) if "config" not in (entry or {}).get("trial", {}) else None
     _copies_damage(trial_dir, problems)
-    return {"params": params, **_rows([]), "error": None, "problems": problems, "checkpoints": []}
+    return {"params": params, **_NO_ROWS, "error": None, "problems": problems, "checkpoints": []}
 
 
 def _rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -181,3 +181,6 @@ def _copies_damage(trial_dir: TrialDir, problems: list[str]) -> None:
     for copy in trial_dir.damaged_copies:
         problems.append(f"{trial_dir.name}/{copy}: a damaged checkpoint's copy that tunekit resume kept "
                         "(`tunekit verify` says what is wrong with it)")
+
+
+_NO_ROWS = _rows([])

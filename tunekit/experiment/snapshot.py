@@ -32,7 +32,7 @@ from tunekit.checkpoint._manifest import size_problems
 from tunekit.experiment._experiment_state import (missing_dirs, read_state_problems, registered_in_state, state_files,
                                                   state_summary)
 from tunekit.experiment._exploit_log import PBT_LOG, Exploit, id_in_name, read_exploits, tag_of, trial_tags
-from tunekit.experiment._index import ExperimentIndex
+from tunekit.experiment._index import INDEX_NAME, ExperimentIndex
 from tunekit.experiment._pickles import driver_state_damage, tuner_pickle_problem
 from tunekit.experiment._snapshot_model import (RAY_KEYS, BestCheckpoint, CheckpointSummary, ExperimentSnapshot,
                                                 RowsText, TrialSnapshot, format_counts, ranked)
@@ -67,6 +67,17 @@ def check_storage(snapshot: ExperimentSnapshot) -> dict[str, int]:
         snapshot.problems.append(torn)
     return {t.trial_id: sum(sum(files.get(f"{t.name}/{c.name}", {}).values()) for c in t.checkpoints)
             for t in snapshot.trials}
+
+
+def _structure_state(experiment: Storage, files: list[str]) -> dict[str, Any]:
+    """:func:`~tunekit.experiment._experiment_state.state_summary` without runtimes (last results, failures): from
+    the index where it holds the state files as they are (parsing Ray's state is most of such a read)."""
+    def build() -> dict[str, Any]:
+        return state_summary(experiment, files, runtimes=False)
+
+    state = ExperimentIndex(experiment).stored(_STATE, state_files(files), build) if INDEX_NAME in files else build()
+    none = {"last_result": None, "num_failures": None}
+    return {**state, "trials": {key: {"trial": entry["trial"], "runtime": none} for key, entry in state["trials"].items()}}
 
 
 def _infer_status(newest: dict[str, Any] | None, error: str | None) -> str:
@@ -117,13 +128,17 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
         return _read_experiment(resolve_storage(location, filesystem=filesystem), results, keep_index)
 
 
+#: The index's entry for Ray's experiment state (:func:`~tunekit.experiment._experiment_state.state_summary`).
+_STATE = "\0state"
+
+
 def _read_experiment(experiment: Storage, results: bool, keep_index: bool) -> ExperimentSnapshot:
     problems: list[str] = []
     if results:  # (every trial's files: read from one listing and the index, see tunekit.experiment._index)
         index: ExperimentIndex | None = ExperimentIndex(experiment)
         check_experiment_dir(experiment)
         names, files = index.top()
-        state = index.cached("\0state", index.root_stamp(state_files(files)),
+        state = index.cached(_STATE, index.root_stamp(state_files(files)),
                              lambda: state_summary(experiment, files, runtimes=True))
         per_file = None if experiment.is_local else index  # (remote: a changed trial's unchanged files unread)
         summaries = [(name, index.trial(name, lambda name=name: trial_summary(experiment, name, index, per_file)))
@@ -134,7 +149,7 @@ def _read_experiment(experiment: Storage, results: bool, keep_index: bool) -> Ex
     else:
         index = None
         trial_dirs, files = scan_experiment(experiment, checkpoints=False)
-        state = state_summary(experiment, files, runtimes=False)
+        state = _structure_state(experiment, files)
         summaries = [(d.name, structure_summary(experiment, d, state["trials"].get(d.name))) for d in trial_dirs]
     problems += state["problems"]
     pickle_damage = tuner_pickle_problem(experiment)
