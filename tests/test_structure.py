@@ -212,6 +212,7 @@ TESTED_BY = {
     "tunekit.experiment._experiment_state": ["tests/tunekit/test_snapshot.py", "tests/tunekit/test_resume_torn.py"],
     "tunekit.experiment._exploit_log": ["tests/tunekit/test_snapshot.py", "tests/tunekit/test_analysis.py"],
     "tunekit.experiment._lease": ["tests/tunekit/test_resume.py"],
+    "tunekit.experiment._listed": ["tests/trainables/test_quickstart.py", "tests/tunekit/test_storage.py"],
     "tunekit.experiment._signals": ["tests/tunekit/test_resume.py", "tests/callbacks/test_preemption.py"],
     "tunekit.experiment._trial_files": ["tests/tunekit/test_index.py", "tests/tunekit/test_snapshot.py"],
     "tunekit.experiment.gc": ["tests/tunekit/test_gc.py"],

@@ -18,14 +18,13 @@ does not show is absent without a request. The readers write the index back afte
 new (one PUT, atomic on object stores; locally through a temporary file and a rename; a read-only experiment
 is read the slow way each time). A damaged, foreign or older-format index is ignored and rebuilt.
 
-:func:`listed_storage` gives the same listing and index to code written against a filesystem
-(``tunekit verify``): a filesystem that answers file infos and directory listings from the listing and
-reads tunekit's small JSON files from the index, every other read going to the storage.
+The index is two lines of JSON: the entries of files at the experiment's top (Ray's experiment state), then the
+rest, so a reader that needs only the former parses nothing else. :mod:`tunekit.experiment._listed` gives the same
+listing and index to code written against a filesystem (``tunekit verify``).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import posixpath
@@ -33,19 +32,17 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-import pyarrow as pa
 import pyarrow.fs as pafs
 import xxhash
 
-from tunekit.checkpoint._manifest import MANIFEST_FILE, METADATA_FILE
 from tunekit.checkpoint._layout import files_by_checkpoint
 from tunekit.storage._files import file_bytes, loads
 from tunekit.storage._location import Storage, storage_errors
 
-__all__ = ["ExperimentIndex", "INDEX_NAME", "listed_storage"]
+__all__ = ["ExperimentIndex", "INDEX_NAME"]
 
 INDEX_NAME = ".tunekit-index.json"
-_FORMAT, _VERSION = "tunekit-index", 3
+_FORMAT, _VERSION = "tunekit-index", 4
 #: The files directly in a trial's directory that the readers open (the others' names alone are listed locally:
 #: Ray's ``progress.csv``, TensorBoard event files, ``params.pkl``); every file of a checkpoint is listed whole.
 _READ = frozenset({"params.json", "result.json", "error.txt"})
@@ -162,17 +159,22 @@ class ExperimentIndex:
                 siblings[name] = False
             rel, is_dir = parent, True
 
-    def _load(self) -> dict[str, Any]:
-        """The entries of the index (none: no index, or one damaged, foreign or of another format or path)."""
+    def _load(self, *, top_only: bool = False) -> dict[str, Any]:
+        """The entries of the index (none: no index, or one damaged, foreign or of another format or path);
+        ``top_only``: those of files at the experiment's top alone (its first line: no trial's entries parsed)."""
         try:  # (remote: asked only when the listing shows it, and then read without asking again)
-            data = file_bytes(self.experiment.filesystem, posixpath.join(self.experiment.path, INDEX_NAME))
-            index = loads(data) if data else None
+            data = file_bytes(self.experiment.filesystem, posixpath.join(self.experiment.path, INDEX_NAME)) or b""
+            head, _, rest = data.partition(b"\n")  # (JSON text holds no raw line break: the lines split here)
+            index = loads(head) if head else None
+            below = None if top_only or not isinstance(index, dict) else loads(rest)
         except (OSError, ValueError):
             return {}
         if not isinstance(index, dict) or index.get("format") != _FORMAT or index.get("version") != _VERSION \
                 or not isinstance(index.get("entries"), dict) or index.get("location") != self.experiment.path:
             return {}  # (another location's: what it says of damage names that one)
-        return index["entries"]
+        if top_only:
+            return index["entries"]
+        return {**index["entries"], **below} if isinstance(below, dict) else {}
 
     def stored(self, key: str, files: list[str], build: Callable[[], Any]) -> Any:
         """What ``build()`` makes of the files ``files`` at the experiment's top (the index's entry ``key``), from the
@@ -182,7 +184,7 @@ class ExperimentIndex:
             infos = self.experiment.filesystem.get_file_info(paths) if paths else []
         stamp = [[name, info.size, info.mtime_ns] if info.type == pafs.FileType.File else [name, None, None]
                  for name, info in zip(files, infos)]
-        entry = self._load().get(key)
+        entry = self._load(top_only=True).get(key)
         if isinstance(entry, dict) and entry.get("stamp") == stamp and "value" in entry:
             return entry["value"]
         return build()
@@ -258,9 +260,11 @@ class ExperimentIndex:
                 and entry.get("stamp") is not None and entry.get("stamp") == self._stamp_now(key, entry.get("stamp"))}
         if not self.read_slowly and len(kept) + len(self._fresh) == len(self._cached):
             return
-        data = json.dumps({"format": _FORMAT, "version": _VERSION, "location": self.experiment.path,
-                           "entries": {**kept, **self._fresh}},
-                          separators=(",", ":"), default=str).encode()
+        entries = {**kept, **self._fresh}
+        top = {key: entry for key, entry in entries.items() if key.startswith("\0")}  # (two lines: the top's first)
+        data = b"\n".join(json.dumps(part, separators=(",", ":"), default=str).encode() for part in (
+            {"format": _FORMAT, "version": _VERSION, "location": self.experiment.path, "entries": top},
+            {key: entry for key, entry in entries.items() if key not in top}))
         path = posixpath.join(self.experiment.path, INDEX_NAME)
         try:
             if self.experiment.is_local:  # (a reader at the same time sees the old index or the new one)
@@ -273,128 +277,3 @@ class ExperimentIndex:
                     out.write(data)
         except (OSError, ValueError):
             pass
-
-
-#: The largest file :func:`listed_storage` keeps whole in the index (tunekit's and Ray's small files).
-_KEPT_MAX = 256 * 1024
-
-
-def _payload(rel: str) -> bool:
-    """Whether ``rel`` is a checkpoint's payload (any file in a checkpoint directory but tunekit's manifest and
-    metadata): never kept in the index, so ``verify --full`` hashes the bytes on storage, whatever their size."""
-    *parents, name = rel.split("/")
-    return any(p.lstrip(".").startswith("checkpoint_") for p in parents) and name not in (MANIFEST_FILE, METADATA_FILE)
-
-
-class _Listed(pafs.FileSystemHandler):
-    """A read-only filesystem over a :class:`ExperimentIndex`: infos and listings from its one listing, small JSON
-    files from the index, everything else read from the storage."""
-
-    def __init__(self, index: ExperimentIndex) -> None:
-        self.index = index
-        self.fs = index.experiment.filesystem
-        self.root = index.experiment.path.rstrip("/")
-
-    def _rel(self, path: str) -> str | None:
-        path = path.rstrip("/")
-        if path == self.root:
-            return ""
-        return path[len(self.root) + 1:] if path.startswith(self.root + "/") else None
-
-    def _info(self, path: str, rel: str) -> pafs.FileInfo:
-        stamp = self.index.stamps.get(rel)
-        if stamp is not None:
-            return pafs.FileInfo(path, pafs.FileType.File, size=stamp[0], mtime_ns=stamp[1])
-        if rel in self.index.tree:
-            return pafs.FileInfo(path, pafs.FileType.Directory)
-        return pafs.FileInfo(path, pafs.FileType.NotFound)
-
-    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
-        self.index._list()
-        out = []
-        for path in paths:
-            rel = self._rel(path)  # (outside the experiment, or its top with nothing listed: the storage says)
-            out.append(self.fs.get_file_info(path) if rel is None or rel == "" and not self.index.stamps
-                       else self._info(path, rel))
-        return out
-
-    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
-        rel = self._rel(selector.base_dir)
-        if rel is None:
-            return self.fs.get_file_info(selector)
-        self.index._list()
-        if rel not in self.index.tree:
-            if selector.allow_not_found:
-                return []
-            raise FileNotFoundError(f"{selector.base_dir}: no such directory")
-        out, todo = [], [rel]
-        while todo:
-            top = todo.pop()
-            for name, is_dir in sorted(self.index.tree.get(top, {}).items()):
-                child = posixpath.join(top, name) if top else name
-                out.append(self._info(posixpath.join(self.root, child), child))
-                if is_dir and selector.recursive:
-                    todo.append(child)
-        return out
-
-    def _whole(self, path: str) -> Any:
-        rel = self._rel(path)
-        stamp = self.index.stamps.get(rel) if rel else None
-        if stamp is None or (stamp[0] or 0) > _KEPT_MAX or _payload(rel):
-            return None
-
-        def read() -> dict[str, str]:
-            with self.fs.open_input_stream(path) as stream:
-                data = stream.read()
-            try:
-                return {"text": data.decode()}
-            except UnicodeDecodeError:
-                return {"base64": base64.b64encode(data).decode()}
-
-        kept = self.index.value(rel, read, key=f"{rel}\0bytes")
-        if not isinstance(kept, dict):
-            return None
-        data = kept["text"].encode() if isinstance(kept.get("text"), str) else \
-            base64.b64decode(kept["base64"]) if isinstance(kept.get("base64"), str) else None
-        return None if data is None else pa.BufferReader(data)
-
-    def _absent(self, path: str) -> None:
-        """Raise as the storage would for a path inside the experiment the listing shows as no file (no request)."""
-        rel = self._rel(path)
-        if rel is not None and rel not in self.index.stamps:
-            self.index._list()
-            if rel in self.index.tree:
-                raise IsADirectoryError(f"{path}: a directory")
-            if rel not in self.index.stamps:
-                raise FileNotFoundError(f"{path}: no such file")
-
-    def open_input_stream(self, path: str) -> Any:
-        self._absent(path)
-        kept = self._whole(path)
-        return self.fs.open_input_stream(path) if kept is None else kept
-
-    def open_input_file(self, path: str) -> Any:
-        self._absent(path)
-        kept = self._whole(path)
-        return self.fs.open_input_file(path) if kept is None else kept
-
-    def get_type_name(self) -> str:  # (ends with the storage's own: "py::tunekit-listed+s3")
-        return f"tunekit-listed+{self.fs.type_name}"
-
-    def normalize_path(self, path: str) -> str:
-        return path
-
-    def equals(self, other: Any) -> bool:
-        return other is self
-
-    def _read_only(self, *args: Any, **kwargs: Any) -> None:
-        raise OSError("an experiment read from its listing is read-only")
-
-    create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = delete_file = _read_only
-    move = copy_file = open_output_stream = open_append_stream = _read_only
-
-
-def listed_storage(index: ExperimentIndex) -> Storage:
-    """The experiment of ``index`` on a filesystem that answers from its listing and index (see the module)."""
-    experiment = index.experiment
-    return Storage(pafs.PyFileSystem(_Listed(index)), experiment.path, experiment.uri)

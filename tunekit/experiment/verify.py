@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import pyarrow.fs as pafs
 from typing import Any, Callable, Literal
 
-from tunekit.experiment._index import ExperimentIndex, listed_storage
+from tunekit.experiment._index import ExperimentIndex
+from tunekit.experiment._listed import listed_storage
 from tunekit.checkpoint._interrupted import INTERRUPTED_WRITE, interrupted_write
 from tunekit.checkpoint._manifest import NOT_WRITTEN, TUNEKIT_FILES
 from tunekit.checkpoint._trial_dir import CHECKPOINT_DIR, leftovers, scan
