@@ -10,13 +10,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from ray import tune
 
 from tunekit.cli import main
 from tunekit.experiment._index import INDEX_NAME, ExperimentIndex
 from tunekit.experiment.snapshot import read_experiment
 from tunekit.storage._location import resolve_storage
-from tunekit.trainables import DigitsTrainable
 
 
 def _not_read(name: str):
@@ -156,22 +154,3 @@ def test_a_ray_only_experiment_is_indexed_and_read_again_where_it_changed(ray_ex
     assert capsys.readouterr().out == first
     _delete_a_checkpoint(exp)
     assert _read(exp) == _from_scratch(exp)
-
-
-def test_a_run_keeps_the_index_of_a_local_experiment(ray_session, tmp_path):
-    """The run's end writes the index (any tunekit callback), so the first reader after it reads no trial's files."""
-    from tunekit.callbacks import ExperimentRecord
-
-    tune.Tuner(
-        DigitsTrainable,
-        param_space={"hidden_size": 8, "steps_per_iteration": 2, "checkpoint_every": 1, "seed": tune.grid_search([1, 2])},
-        run_config=tune.RunConfig(name="kept", storage_path=str(tmp_path), stop={"training_iteration": 2}, verbose=0,
-                                  callbacks=[ExperimentRecord()]),
-    ).fit()
-    exp = tmp_path / "kept"
-    assert (exp / INDEX_NAME).is_file()
-    index = ExperimentIndex(resolve_storage(str(exp)))
-    for trial in _trial_dirs(exp):
-        index.trial(trial.name, _not_read(trial.name))
-    snap = read_experiment(str(exp))
-    assert [[r["training_iteration"] for r in t.results] for t in snap.trials] == [[1, 2], [1, 2]]
