@@ -123,12 +123,10 @@ def find_trials(experiment: Storage, *, checkpoints: bool = True) -> list[TrialD
     return scan_experiment(experiment, checkpoints=checkpoints)[0]
 
 
-def scan_experiment(experiment: Storage, *, checkpoints: bool = True,
-                    listed: Callable[[str], list[tuple[str, bool]]] | None = None) -> tuple[list[TrialDir], list[str]]:
+def scan_experiment(experiment: Storage, *, checkpoints: bool = True) -> tuple[list[TrialDir], list[str]]:
     """The trial directories of ``experiment``, sorted by name, without their checkpoints when
     ``checkpoints=False`` (the names in a trial directory are read, not what each one is); and the
-    names of the files at its top (:func:`root_files`), from the same listing. ``listed``: a directory's
-    entries (path inside the experiment -> (name, is a directory)) from a listing made already.
+    names of the files at its top (:func:`root_files`), from the same listing.
 
     Raises:
         ExperimentError: ``experiment`` does not exist or is not a Ray Tune
@@ -137,8 +135,7 @@ def scan_experiment(experiment: Storage, *, checkpoints: bool = True,
         StorageError: the storage cannot be read.
     """
     check_experiment_dir(experiment)
-    lister = _list if listed is None else _lister(experiment, listed)
-    entries = lister(experiment, experiment.path)
+    entries = _list(experiment, experiment.path)
     has_state = any(
         e.is_file
         and e.base_name.startswith("experiment_state")
@@ -148,7 +145,7 @@ def scan_experiment(experiment: Storage, *, checkpoints: bool = True,
     if not checkpoints and experiment.is_local:
         trials = _local_trial_names(experiment, sorted(e.base_name for e in entries if e.is_dir))
     else:
-        trials = _trial_dirs(experiment, entries, checkpoints, lister)
+        trials = _trial_dirs(experiment, entries, checkpoints, _list)
     if not has_state and not trials:
         raise not_an_experiment(experiment)
     return trials, _files(entries)

@@ -15,7 +15,7 @@ from tunekit._checks import as_number
 from tunekit._keys import RESTORED_FROM_KEY
 from tunekit.checkpoint._directory import METADATA_FILE as METADATA_NAME
 from tunekit.checkpoint._directory import read_metadata
-from tunekit.checkpoint._layout import POINTER_KEY, CheckpointDir, TrialDir, listed_trial_dir, pointer_target
+from tunekit.checkpoint._layout import POINTER_KEY, CheckpointDir, TrialDir, listed_trial_dir
 from tunekit.checkpoint._manifest import MANIFEST_FILE, manifest_sizes
 from tunekit.errors import CheckpointError
 from tunekit.experiment._index import ExperimentIndex
@@ -98,10 +98,10 @@ def _checkpoint_files(trial: TrialDir, ckpt: CheckpointDir, index: ExperimentInd
 
 def _checkpoints(
     trial: TrialDir, raw_rows: list[dict[str, Any]], rows: list[dict[str, Any]], problems: list[str],
-    index: ExperimentIndex | None = None, *, resolve: bool = True,
+    index: ExperimentIndex | None = None,
 ) -> list[CheckpointSummary]:
-    """The trial's checkpoints; ``resolve=False``: a pointer's :attr:`CheckpointSummary.points_at` as its
-    metadata holds it (see :func:`tunekit.checkpoint._layout.pointer_target`)."""
+    """The trial's checkpoints, a pointer's :attr:`CheckpointSummary.points_at` as its metadata holds it (the
+    reader resolves it: :func:`tunekit.checkpoint._layout.pointer_target`)."""
     by_name = {}
     for row in raw_rows:  # the newest row naming a checkpoint wins
         name = row.get("checkpoint_dir_name")
@@ -134,8 +134,7 @@ def _checkpoints(
         out.append(CheckpointSummary(ckpt.name, ckpt.location.uri, iteration, metrics, unsupported,
                                      tunekit=bool(meta) or isinstance(listed, dict),
                                      manifest=listed, location=ckpt.location,
-                                     points_at=(pointer_target(ckpt.location.filesystem, ckpt.location.path, value)
-                                                if resolve else value) if isinstance(value, str) else None))
+                                     points_at=value if isinstance(value, str) else None))
     return out
 
 
@@ -154,7 +153,7 @@ def trial_summary(experiment: Storage, name: str, index: ExperimentIndex,
     checkpoints = [
         {"name": c.name, "iteration": c.iteration, "metrics": c.metrics, "unsupported": c.unsupported,
          "tunekit": c.tunekit, "manifest": c.manifest, "pointer": c.points_at}
-        for c in _checkpoints(trial_dir, raw_rows, rows, problems, per_file, resolve=False)]
+        for c in _checkpoints(trial_dir, raw_rows, rows, problems, per_file)]
     return {"params": params, **_rows(rows), "error": error, "problems": problems, "checkpoints": checkpoints}
 
 

@@ -229,8 +229,7 @@ def _trial_snapshot(experiment: Storage, name: str, summary: dict[str, Any], ent
         last = newest
     checkpoints = []
     for c in summary["checkpoints"]:
-        location = experiment.join(name, c["name"]) if "/" not in c["name"] else \
-            experiment.join(name, *c["name"].split("/"))
+        location = experiment.join(f"{name}/{c['name']}")  # (a Train checkpoint's name holds a "/")
         pointer = c["pointer"]
         checkpoints.append(CheckpointSummary(
             c["name"], location.uri, c["iteration"], c["metrics"], c["unsupported"], tunekit=c["tunekit"],
