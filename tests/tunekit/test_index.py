@@ -27,15 +27,17 @@ def _trial_dirs(exp: Path) -> list[Path]:
     return sorted(p for p in exp.iterdir() if p.is_dir() and (p / "result.json").exists())
 
 
-def _read(exp: Path) -> tuple[dict, dict, list[str], list[list]]:
+def _read(exp: Path) -> tuple[dict, dict, list[str], list[list], list[list[dict]]]:
     """What every reader answers from: the experiment's structure (as `load_results` reads it: Ray's experiment
-    state from the index where it holds it), the snapshot as data, its damage, each checkpoint's manifest sizes."""
+    state from the index where it holds it), the snapshot as data, its damage, each checkpoint's manifest sizes,
+    each trial's rows."""
     structure = read_experiment(str(exp), results=False).as_dict()
     snap = read_experiment(str(exp))
-    return structure, snap.as_dict(), snap.problems, [[c.manifest for c in t.checkpoints] for t in snap.trials]
+    return (structure, snap.as_dict(), snap.problems, [[c.manifest for c in t.checkpoints] for t in snap.trials],
+            [t.results for t in snap.trials])
 
 
-def _from_scratch(exp: Path) -> tuple[dict, list[str], list[list]]:
+def _from_scratch(exp: Path) -> tuple[dict, dict, list[str], list[list], list[list[dict]]]:
     (exp / INDEX_NAME).unlink(missing_ok=True)
     return _read(exp)
 
@@ -74,9 +76,33 @@ def test_a_read_takes_unchanged_trials_from_the_index_and_reads_a_changed_one_ag
     assert after == _from_scratch(experiment)
 
 
+def test_the_rows_of_unchanged_trials_come_from_the_index_when_asked_for(experiment):
+    expected = {t.name: t.results for t in read_experiment(str(experiment)).trials}
+    index = ExperimentIndex(resolve_storage(str(experiment)))
+    for name, rows in expected.items():
+        summary = index.trial(name, _not_read(name))
+        assert "rows" not in summary  # (status parses no rows)
+        assert json.loads(index.trial_rows(name, summary, _not_read(f"{name}'s rows"))) == rows
+
+
 def _truncate_index(exp: Path) -> None:
     data = (exp / INDEX_NAME).read_bytes()
     (exp / INDEX_NAME).write_bytes(data[: len(data) // 2])
+
+
+def _cut_the_index_in_its_rows(exp: Path) -> None:
+    """The index cut inside its last line (the trials' rows): the summaries before it read whole."""
+    data = (exp / INDEX_NAME).read_bytes()
+    start = data.index(b"\n", data.index(b"\n") + 1)
+    (exp / INDEX_NAME).write_bytes(data[: start + (len(data) - start) // 2])
+
+
+def _drop_a_trials_rows_from_the_index(exp: Path) -> None:
+    """The index's rows line, valid JSON, lacking a trial's rows: that trial's rows are read from its files."""
+    head, middle, rows = (exp / INDEX_NAME).read_bytes().split(b"\n")
+    kept = json.loads(rows)
+    kept.pop(sorted(kept)[0])
+    (exp / INDEX_NAME).write_bytes(b"\n".join([head, middle, json.dumps(kept).encode()]))
 
 
 def _resume_after_the_index(exp: Path) -> None:
@@ -112,7 +138,8 @@ def _cut_a_checkpoint_file(exp: Path) -> None:
     os.utime(payload, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
-@pytest.mark.parametrize("change", [_truncate_index, _resume_after_the_index, _rewrite_rays_state,
+@pytest.mark.parametrize("change", [_truncate_index, _cut_the_index_in_its_rows, _drop_a_trials_rows_from_the_index,
+                                    _resume_after_the_index, _rewrite_rays_state,
                                     _delete_a_checkpoint, _cut_a_checkpoint_file], ids=lambda f: f.__name__.strip("_"))
 def test_a_damaged_or_stale_index_is_never_trusted(experiment, change, capsys):
     assert main(["status", str(experiment)]) == 0

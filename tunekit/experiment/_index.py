@@ -18,13 +18,15 @@ does not show is absent without a request. The readers write the index back afte
 new (one PUT, atomic on object stores; locally through a temporary file and a rename; a read-only experiment
 is read the slow way each time). A damaged, foreign or older-format index is ignored and rebuilt.
 
-The index is two lines of JSON: the entries of files at the experiment's top (Ray's experiment state), then the
-rest, so a reader that needs only the former parses nothing else. :mod:`tunekit.experiment._listed` gives the same
+The index is three lines of JSON: the entries of files at the experiment's top (Ray's experiment state), the
+rest, then each trial's result rows (most of its bytes), so a reader parses only what it asks for: the first
+line alone (``load_results``), or the first two (``status``: each trial's newest row is in its summary). :mod:`tunekit.experiment._listed` gives the same
 listing and index to code written against a filesystem (``tunekit verify``).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import posixpath
@@ -32,6 +34,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+import pyarrow
 import pyarrow.fs as pafs
 import xxhash
 
@@ -42,7 +45,7 @@ from tunekit.storage._location import Storage, storage_errors
 __all__ = ["ExperimentIndex", "INDEX_NAME"]
 
 INDEX_NAME = ".tunekit-index.json"
-_FORMAT, _VERSION = "tunekit-index", 4
+_FORMAT, _VERSION = "tunekit-index", 5
 #: The files directly in a trial's directory that the readers open (the others' names alone are listed locally:
 #: Ray's ``progress.csv``, TensorBoard event files, ``params.pkl``); every file of a checkpoint is listed whole.
 _READ = frozenset({"params.json", "result.json", "error.txt"})
@@ -65,7 +68,12 @@ class ExperimentIndex:
         self._cached: dict[str, Any] = {}
         self._fresh: dict[str, Any] = {}
         self.read_slowly = 0  # entries read from their files (not from the index)
+        self._rows_text: bytes | memoryview = b""  # (the index's third line: the trials' rows, parsed when asked for)
+        self._rows: dict[str, Any] | None = None
         self._lock = threading.Lock()  # (listed once when readers on several threads ask at once)
+        #: The local listing, its entries below the top not yet in :attr:`tree` and :attr:`stamps` (:meth:`_entries`).
+        self._unread: list[pafs.FileInfo] = []
+        self._nested: list[tuple[str, str, int]] = []  # (the local listing's files below a trial's own: top, rel, bytes)
 
     def _list(self) -> None:
         """The experiment listed once, recursively (at the first question: after the reader checked it exists);
@@ -76,54 +84,95 @@ class ExperimentIndex:
 
     def _list_now(self) -> None:
         below: dict[str, list[str]] = {}  # top-level directory -> its files' stamps
-        if self.experiment.is_local:  # (the index read and parsed while the walk waits on the disk)
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-index") as pool:
-                loading = pool.submit(self._load)
-                with storage_errors("list", self.experiment):
-                    self._walk(self.experiment.path, "", below, None, "")
-                self._cached = loading.result()
+        if self.experiment.is_local:
+            self._list_local(below)
         else:
-            self._list_remote(below)
+            with storage_errors("list", self.experiment):
+                self._take_remote(self.experiment.filesystem.get_file_info(
+                    pafs.FileSelector(self.experiment.path, recursive=True, allow_not_found=True)), below)
             self._cached = self._load() if INDEX_NAME in self.stamps else {}
         self.dir_stamps = {top: xxhash.xxh3_64_hexdigest("\n".join(sorted(lines)).encode())
                            for top, lines in below.items()}
         self._listed = True
 
+    def _list_local(self, below: dict[str, list[str]]) -> None:
+        """The experiment listed by pyarrow, recursively, on a thread of its own (in C++, without the GIL) while the
+        index is parsed here; each top-level directory's digest made from it at once, its entries put into
+        :attr:`tree` and :attr:`stamps` only when a reader asks for them (:meth:`_entries`). A file directly in a
+        trial's directory that no reader opens (Ray's ``progress.csv``, TensorBoard event files, ``params.pkl``)
+        counts by its name alone. Should a directory go while pyarrow lists it (retention deletes checkpoints
+        during a sweep), the experiment is walked by ``os.scandir``, which skips what went."""
+        root = self.experiment.path.rstrip("/")
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunekit-list") as pool:
+            listing = pool.submit(self.experiment.filesystem.get_file_info,
+                                  pafs.FileSelector(root, recursive=True, allow_not_found=True))
+            self._cached = self._load()
+            try:
+                infos = listing.result()
+            except (OSError, pyarrow.ArrowException):
+                infos = None
+        if infos is None:
+            with storage_errors("list", self.experiment):
+                self._walk(root, "", below, None, "")
+            return
+        cut, nested = len(root) + 1, self._nested
+        for info in infos:
+            size = info.size
+            top, sep, rest = info.path[cut:].partition("/")
+            if not sep:
+                self.tree[""][top] = size is None
+                if size is None:
+                    below.setdefault(top, [])
+                else:
+                    self.stamps[top] = [size, info.mtime_ns]
+            elif size is not None:  # (a directory has none)
+                lines = below.setdefault(top, [])
+                if "/" in rest:  # (in a checkpoint, or another directory of the trial's)
+                    lines.append(f"{rest}\t{size}\t{info.mtime_ns}")
+                    nested.append((top, rest, size))
+                else:
+                    lines.append(f"{rest}\t{size}\t{info.mtime_ns}" if rest in _READ else rest)
+        self._unread = infos
+
+    def _entries(self) -> None:
+        """The local listing's entries below the top into :attr:`tree` and :attr:`stamps` (when first asked for)."""
+        infos, self._unread = self._unread, []
+        tree, stamps, cut = self.tree, self.stamps, len(self.experiment.path.rstrip("/")) + 1
+        for info in infos:
+            rel, size = info.path[cut:], info.size
+            parent, _, base = rel.rpartition("/")
+            if parent:
+                tree.setdefault(parent, {})[base] = size is None
+                if size is None:
+                    tree.setdefault(rel, {})
+                else:
+                    stamps[rel] = [size, info.mtime_ns]
+
     def _walk(self, path: str, rel: str, below: dict[str, list[str]], lines: list[str] | None, sub: str) -> None:
         """The local directory ``path`` (``rel`` inside the experiment, ``sub`` inside its top-level directory,
-        whose files' stamps go into ``lines``) into the listing, recursively: by ``os.scandir``, which knows each
-        entry's type without a ``stat`` (pyarrow makes an object of each entry's type: most of a listing of
-        10,000 trials)."""
+        whose files' stamps go into ``lines``) into the listing, recursively, by ``os.scandir``."""
         entries = self.tree.setdefault(rel, {})
         prefix = f"{rel}/" if rel else ""
         try:
             with os.scandir(path) as listing:
                 for entry in listing:
                     name = entry.name
-                    if entry.is_file():  # (most entries: asked first)
+                    if entry.is_file():
                         entries[name] = False
-                        if sub or lines is None or name in _READ:
-                            stat = entry.stat()
-                            size, mtime = stat.st_size, stat.st_mtime_ns
-                            self.stamps[prefix + name] = [size, mtime]
-                            if lines is not None:
-                                lines.append(f"{sub}{name}\t{size}\t{mtime}")
-                        else:  # (a file no reader opens: its name counts, not its size and time)
-                            self.stamps[prefix + name] = [None, None]
-                            lines.append(name)
+                        stat = entry.stat()
+                        size, mtime = stat.st_size, stat.st_mtime_ns
+                        self.stamps[prefix + name] = [size, mtime]
+                        if lines is not None:
+                            lines.append(f"{sub}{name}\t{size}\t{mtime}" if sub or name in _READ else name)
                     elif entry.is_dir(follow_symlinks=False):
                         entries[name] = True
-                        if lines is None:  # (a top-level directory)
-                            self._walk(entry.path, name, below, below.setdefault(name, []), "")
-                        else:
-                            self._walk(entry.path, prefix + name, below, lines, f"{sub}{name}/")
+                        self._walk(entry.path, prefix + name, below,
+                                   below.setdefault(name, []) if lines is None else lines,
+                                   "" if lines is None else f"{sub}{name}/")
         except (FileNotFoundError, NotADirectoryError):
             pass
 
-    def _list_remote(self, below: dict[str, list[str]]) -> None:
-        with storage_errors("list", self.experiment):
-            infos = self.experiment.filesystem.get_file_info(
-                pafs.FileSelector(self.experiment.path, recursive=True, allow_not_found=True))
+    def _take_remote(self, infos: list[pafs.FileInfo], below: dict[str, list[str]]) -> None:
         root = self.experiment.path.rstrip("/") + "/"
         cut, file_type, dir_type = len(root), pafs.FileType.File, pafs.FileType.Directory
         for info in infos:
@@ -161,12 +210,19 @@ class ExperimentIndex:
 
     def _load(self, *, top_only: bool = False) -> dict[str, Any]:
         """The entries of the index (none: no index, or one damaged, foreign or of another format or path);
-        ``top_only``: those of files at the experiment's top alone (its first line: no trial's entries parsed)."""
+        ``top_only``: those of files at the experiment's top alone (its first line: no trial's entries parsed).
+        The trials' rows (its third line) are kept unparsed for :meth:`trial_rows`."""
         try:  # (remote: asked only when the listing shows it, and then read without asking again)
             data = file_bytes(self.experiment.filesystem, posixpath.join(self.experiment.path, INDEX_NAME)) or b""
-            head, _, rest = data.partition(b"\n")  # (JSON text holds no raw line break: the lines split here)
-            index = loads(head) if head else None
-            below = None if top_only or not isinstance(index, dict) else loads(rest)
+            # (JSON text holds no raw line break: the lines split there, and are parsed in place)
+            first, view = data.find(b"\n"), memoryview(data)
+            index = loads(view[:first] if first >= 0 else view) if data else None
+            second = data.find(b"\n", first + 1) if first >= 0 else -1
+            if top_only or not isinstance(index, dict) or second < 0 or not data.endswith(b"}"):
+                below = None  # (an index cut short: its rows line, parsed only when asked for, is cut too)
+            else:
+                below = loads(view[first + 1:second])
+                self._rows_text = view[second + 1:]
         except (OSError, ValueError):
             return {}
         if not isinstance(index, dict) or index.get("format") != _FORMAT or index.get("version") != _VERSION \
@@ -175,6 +231,17 @@ class ExperimentIndex:
         if top_only:
             return index["entries"]
         return {**index["entries"], **below} if isinstance(below, dict) else {}
+
+    def _stored_rows(self) -> dict[str, Any]:
+        """The index's third line: trial summary key -> its rows' JSON text ({} when damaged)."""
+        with self._lock:
+            if self._rows is None:
+                try:
+                    rows = loads(self._rows_text) if self._rows_text else {}
+                except ValueError:
+                    rows = {}
+                self._rows, self._rows_text = rows if isinstance(rows, dict) else {}, b""
+            return self._rows
 
     def stored(self, key: str, files: list[str], build: Callable[[], Any]) -> Any:
         """What ``build()`` makes of the files ``files`` at the experiment's top (the index's entry ``key``), from the
@@ -203,18 +270,23 @@ class ExperimentIndex:
     def children(self, rel: str) -> list[tuple[str, bool]]:
         """The entries directly in directory ``rel`` ("" for the experiment's top): (name, is a directory)."""
         self._list()
+        self._entries()
         return sorted(self.tree.get(rel, {}).items())
 
     def checkpoint_files(self) -> dict[str, dict[str, int]]:
         """:func:`tunekit.checkpoint._layout.checkpoint_files` from the listing."""
         self._list()
-        return files_by_checkpoint((rel, stamp[0] or 0) for rel, stamp in self.stamps.items())
+        listed = ((rel, stamp[0] or 0) for rel, stamp in self.stamps.items())
+        if self._unread:  # (what the local listing holds below the trials' own files, not yet in stamps)
+            listed = itertools.chain(listed, ((f"{top}/{rel}", size) for top, rel, size in self._nested))
+        return files_by_checkpoint(listed)
 
     def value(self, rel: str, read: Callable[[], Any], absent: Any = None, *, key: str | None = None) -> Any:
         """What ``read()`` returns for the file ``rel`` (its path inside the experiment): from the index when the
         listing shows the file as the index recorded it; ``absent`` when the listing does not show it (no
         request); else ``read()``, recorded for the next reader (under ``key``: another reading of the file)."""
         self._list()
+        self._entries()
         stamp = self.stamps.get(rel)
         if stamp is None:
             return absent
@@ -222,9 +294,21 @@ class ExperimentIndex:
 
     def trial(self, name: str, build: Callable[[], Any]) -> Any:
         """What ``build()`` makes of the top-level directory ``name`` (a trial's summary): from the index while the
-        listing shows every file under it as it was when the index recorded it, else built and recorded."""
+        listing shows every file under it as it was when the index recorded it, else built and recorded. A summary
+        from the index holds no ``"rows"``: :meth:`trial_rows` gives them."""
         self._list()
         return self.cached(name + _TRIAL, self.dir_stamps.get(name), build)
+
+    def trial_rows(self, name: str, summary: dict[str, Any], build: Callable[[], Any]) -> str:
+        """The rows' JSON text of the trial summary :meth:`trial` gave for ``name``: the summary's own, else the
+        index's (read when first asked for), else ``build()``'s (an index whose rows line is damaged)."""
+        if "rows" in summary:
+            return summary["rows"]
+        text = self._stored_rows().get(name + _TRIAL)
+        if isinstance(text, str):
+            return text
+        summary["rows"] = text = build()["rows"]
+        return text
 
     def cached(self, key: str, stamp: Any, build: Callable[[], Any]) -> Any:
         """What ``build()`` returned under ``key`` when the files it read had ``stamp`` (JSON: sizes and times from
@@ -245,6 +329,7 @@ class ExperimentIndex:
         if kind == _TRIAL[1:]:
             return self.dir_stamps.get(rel)
         if rel:
+            self._entries()
             return self.stamps.get(rel)
         ok = isinstance(stamp, list) and all(isinstance(s, list) and s and isinstance(s[0], str) for s in stamp)
         return self.root_stamp([s[0] for s in stamp]) if ok else None  # (made of files at the top: those now)
@@ -261,10 +346,10 @@ class ExperimentIndex:
         if not self.read_slowly and len(kept) + len(self._fresh) == len(self._cached):
             return
         entries = {**kept, **self._fresh}
-        top = {key: entry for key, entry in entries.items() if key.startswith("\0")}  # (two lines: the top's first)
+        top = {key: entry for key, entry in entries.items() if key.startswith("\0")}  # (the top's first)
+        rest, rows = self._split_rows({key: entry for key, entry in entries.items() if key not in top})
         data = b"\n".join(json.dumps(part, separators=(",", ":"), default=str).encode() for part in (
-            {"format": _FORMAT, "version": _VERSION, "location": self.experiment.path, "entries": top},
-            {key: entry for key, entry in entries.items() if key not in top}))
+            {"format": _FORMAT, "version": _VERSION, "location": self.experiment.path, "entries": top}, rest, rows))
         path = posixpath.join(self.experiment.path, INDEX_NAME)
         try:
             if self.experiment.is_local:  # (a reader at the same time sees the old index or the new one)
@@ -277,3 +362,21 @@ class ExperimentIndex:
                     out.write(data)
         except (OSError, ValueError):
             pass
+
+    def _split_rows(self, entries: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """``entries`` without the trial summaries' rows, and those rows by key (the index's second and third
+        lines). A summary from the index takes its rows from the index's rows line; one whose rows are not there
+        (a damaged line) is left out, to be built again by the next reader."""
+        rest: dict[str, Any] = {}
+        rows: dict[str, str] = {}
+        for key, entry in entries.items():
+            value = entry.get("value")
+            if not key.endswith(_TRIAL) or not isinstance(value, dict):
+                rest[key] = entry
+                continue
+            text = value["rows"] if "rows" in value else self._stored_rows().get(key)
+            if isinstance(text, str):
+                rest[key] = {**entry, "value": {k: v for k, v in value.items() if k != "rows"}}
+                rows[key] = text
+        return rest, rows
+

@@ -9,13 +9,12 @@ best checkpoint), with no I/O but hash verification of checkpoints.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from tunekit._checks import as_number, check_mode, check_scope
 from tunekit.checkpoint._interrupted import INTERRUPTED_WRITE, interrupted_write
 from tunekit.checkpoint._directory import verify_checkpoint
-from tunekit._keys import INTERVAL_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
-from tunekit._keys import RESTORED_FROM_KEY
+from tunekit._keys import INTERVAL_KEY, RESTORED_FROM_KEY, SAVE_BLOCKED_KEY, SAVE_WRITE_KEY
 
 if TYPE_CHECKING:
     from tunekit.experiment._exploit_log import Exploit
@@ -23,10 +22,8 @@ if TYPE_CHECKING:
 #: The first word of the verdict on a checkpoint whose write never completed (not damage).
 INTERRUPTED = "interrupted"
 
-__all__ = [
-    "BestCheckpoint", "CheckpointSummary", "ExperimentSnapshot", "RAY_KEYS", "RowsText", "TrialSnapshot",
-    "format_counts", "ranked"
-]
+__all__ = ["BestCheckpoint", "CheckpointSummary", "ExperimentSnapshot", "RAY_KEYS", "RowsText",
+           "TrialSnapshot", "format_counts", "ranked"]
 
 #: What Ray Tune (and tunekit) add to every result: bookkeeping, not metrics.
 RAY_KEYS = frozenset({
@@ -113,8 +110,12 @@ class BestCheckpoint:
         return self.checkpoint.uri if self.checkpoint is not None else None
 
 
-class RowsText(str):
-    """A trial's result rows as JSON text, given for :attr:`TrialSnapshot.results`: parsed when first asked for."""
+class RowsText:
+    """A trial's result rows as JSON text, or a function returning it, given for :attr:`TrialSnapshot.results`:
+    read and parsed when first asked for."""
+
+    def __init__(self, text: str | Callable[[], str]) -> None:
+        self.text = text
 
 
 @dataclass
@@ -147,11 +148,10 @@ class TrialSnapshot:
 
     def metric(self, name: str, scope: str = "last") -> float | None:
         """The trial's value of ``name`` over its ``scope``: last, max, min or mean over iterations."""
+        if scope == "last":  # (asked of every trial by the readers: no check)
+            return as_number(self.last_result.get(name))
         scope = check_scope("TrialSnapshot.metric", scope)
-        if scope == "last":
-            values = [self.last_result.get(name)]
-        else:
-            values = [row.get(name) for row in self.results]
+        values = [row.get(name) for row in self.results]
         numbers = [n for n in map(as_number, values) if n is not None]
         if not numbers:
             return None
@@ -179,14 +179,12 @@ class TrialSnapshot:
         }
 
 
-
-
 def _results(trial: TrialSnapshot) -> list[dict[str, Any]]:
     rows = trial.__dict__.get("_results")
     if isinstance(rows, RowsText):  # (parsed once, when first asked for)
         from tunekit.storage._files import loads
 
-        rows = trial.__dict__["_results"] = loads(rows)
+        rows = trial.__dict__["_results"] = loads(rows.text if isinstance(rows.text, str) else rows.text())
     return [] if rows is None else rows
 
 

@@ -93,13 +93,13 @@ def write_record(fs: pafs.FileSystem, experiment_path: str, record: dict[str, An
 
 def read_record(fs: pafs.FileSystem, experiment_path: str) -> tuple[dict[str, Any] | None, str | None]:
     """The record of the experiment at ``experiment_path``, and a one-line problem if it is missing or damaged."""
-    path = posixpath.join(experiment_path, RECORD_NAME)
-    if fs.get_file_info(path).type != pafs.FileType.File:
+    from tunekit.storage._files import file_bytes, loads
+
+    data = file_bytes(fs, posixpath.join(experiment_path, RECORD_NAME))
+    if data is None:
         return None, f"no {RECORD_NAME} (the run used no tunekit callback or scheduler, or tunekit < 0.4)"
-    with fs.open_input_stream(path) as stream:
-        text = stream.read().decode("utf-8", errors="replace")
     try:
-        record = json.loads(text)
+        record = loads(data)
     except ValueError as exc:
         return None, f"{RECORD_NAME} is damaged ({exc})"
     if not isinstance(record, dict) or record.get("format") != FORMAT or not isinstance(record.get("trials"), list):

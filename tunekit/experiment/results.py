@@ -165,6 +165,8 @@ def rows_lost(iterations: list[Any], restored_from: list[Any], *, own: str, expl
     >>> rows_lost([1, 2, 5, 9], [None, None, "t_b", None], own="t_a", exploits=[], continued=False)
     [6, 7, 8]
     """
+    if iterations == list(range(1, len(iterations) + 1)):  # (every row from the first on: none lost)
+        return []
     clones = [*exploits, *restore_clones(zip(iterations, restored_from), own)]
     return lost_iterations(iterations, clones=clones, continued=continued)
 

@@ -55,18 +55,20 @@ def check_storage(snapshot: ExperimentSnapshot) -> dict[str, int]:
     experiment = snapshot.storage or resolve_storage(snapshot.location)
     files = snapshot.listed_files if snapshot.listed_files is not None else \
         checkpoint_files(experiment, [f"{t.name}/{c.name}" for t in snapshot.trials for c in t.checkpoints])
+    sizes: dict[str, int] = {}
     for trial in snapshot.trials:
+        sizes[trial.trial_id] = 0
         for ckpt in trial.checkpoints:
+            listed = files.get(f"{trial.name}/{ckpt.name}", {})
+            sizes[trial.trial_id] += sum(listed.values())
             if ckpt.manifest is None or ckpt.name.startswith(f"{TRAIN_DIR}/"):
                 continue  # (none yet: a write in flight, for verify)
-            wrong = [ckpt.manifest] if isinstance(ckpt.manifest, str) else \
-                size_problems(ckpt.manifest, files.get(f"{trial.name}/{ckpt.name}", {}))
+            wrong = [ckpt.manifest] if isinstance(ckpt.manifest, str) else size_problems(ckpt.manifest, listed)
             if wrong:
                 snapshot.record_damage(ckpt, f"corrupt: {'; '.join(wrong)}")
     if torn := driver_state_damage(experiment, snapshot.root_files):
         snapshot.problems.append(torn)
-    return {t.trial_id: sum(sum(files.get(f"{t.name}/{c.name}", {}).values()) for c in t.checkpoints)
-            for t in snapshot.trials}
+    return sizes
 
 
 def _structure_state(experiment: Storage, files: list[str]) -> dict[str, Any]:
@@ -147,7 +149,7 @@ def _read_experiment(experiment: Storage, results: bool, keep_index: bool) -> Ex
         if not summaries and not state_files(files):
             raise not_an_experiment(experiment)
     else:
-        index = None
+        index = per_file = None
         trial_dirs, files = scan_experiment(experiment, checkpoints=False)
         state = _structure_state(experiment, files)
         summaries = [(d.name, structure_summary(experiment, d, state["trials"].get(d.name))) for d in trial_dirs]
@@ -161,7 +163,10 @@ def _read_experiment(experiment: Storage, results: bool, keep_index: bool) -> Ex
     trials = []
     for name, summary in summaries:
         problems += summary["problems"]
-        trials.append(_trial_snapshot(experiment, name, summary, recorded.get(name, {})))
+        rows = RowsText(summary["rows"]) if index is None else RowsText(
+            lambda name=name, summary=summary: index.trial_rows(  # type: ignore[union-attr]
+                name, summary, lambda: trial_summary(experiment, name, index, per_file)))
+        trials.append(_trial_snapshot(experiment, name, summary, recorded.get(name, {}), rows))
     seen = {name for name, _ in summaries}
     problems += missing_dirs(recorded, seen)
     for key, entry in recorded.items():  # trials that never got a directory (or lost it)
@@ -219,9 +224,10 @@ def _read_experiment(experiment: Storage, results: bool, keep_index: bool) -> Ex
     )
 
 
-def _trial_snapshot(experiment: Storage, name: str, summary: dict[str, Any], entry: dict[str, Any]) -> TrialSnapshot:
-    """The trial of directory ``name`` from its :func:`~tunekit.experiment._trial_files.trial_summary` and its
-    entry in :func:`~tunekit.experiment._experiment_state.state_summary`."""
+def _trial_snapshot(experiment: Storage, name: str, summary: dict[str, Any], entry: dict[str, Any],
+                    rows: RowsText) -> TrialSnapshot:
+    """The trial of directory ``name`` from its :func:`~tunekit.experiment._trial_files.trial_summary` (its rows
+    given apart: ``rows``) and its entry in :func:`~tunekit.experiment._experiment_state.state_summary`."""
     trial, runtime = entry.get("trial", {}), entry.get("runtime", {})
     newest, error = summary["last_row"], summary["error"]
     last = runtime.get("last_result") or newest or {}
@@ -256,7 +262,7 @@ def _trial_snapshot(experiment: Storage, name: str, summary: dict[str, Any], ent
         error=error,
         num_failures=int(runtime.get("num_failures") or 0),
         checkpoints=checkpoints,
-        results=RowsText(summary["rows"]),
+        results=rows,
         tag=tag_of(trial, name),
     )
 

@@ -65,7 +65,7 @@ def read_text(fs: pafs.FileSystem, path: str) -> str | None:
     return None if data is None else data.decode("utf-8", errors="replace")
 
 
-def loads(data: bytes | str) -> Any:
+def loads(data: bytes | memoryview | str) -> Any:
     """JSON, by orjson (faster than Python's json on Ray's large experiment state) where it can read it, else by
     Python's json, which also reads what orjson refuses (``NaN``, ``Infinity``, integers beyond 64 bits) and
     whose error (a ``ValueError``) names where a damaged text breaks off.
@@ -76,4 +76,4 @@ def loads(data: bytes | str) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
-        return json.loads(data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data)
+        return json.loads(bytes(data).decode("utf-8", errors="replace") if not isinstance(data, str) else data)
