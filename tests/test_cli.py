@@ -134,3 +134,20 @@ def test_report_into_a_read_only_directory_is_one_line(quickstart_experiment, tm
     assert main(["report", str(quickstart_experiment), "--output", str(locked / "r")]) == 2
     err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("reading ")]
     assert len(err) == 1 and "cannot write there" in err[0]
+
+
+def test_status_into_a_closed_pipe_ends_quietly(quickstart_experiment):
+    """`tunekit status EXP | head -1`: the reader of the output goes first; no traceback follows."""
+    done = subprocess.Popen([sys.executable, "-m", "tunekit.cli", "status", str(quickstart_experiment)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    done.stdout.close()  # (before the command prints its first line)
+    err = done.stderr.read().decode()
+    assert done.wait() == 1 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_a_reader_run_in_process_gives_back_the_collector(quickstart_experiment, capsys):
+    import gc
+
+    assert gc.isenabled()
+    assert main(["status", str(quickstart_experiment)]) == 0
+    assert gc.isenabled()

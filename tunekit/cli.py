@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc as pygc
 import importlib
+import os
 import sys
 from typing import Any, Callable, NoReturn, Sequence
 
@@ -171,8 +172,8 @@ def _build_parser() -> _Parser:
     return parser
 
 
-#: Commands that read an experiment and exit: Python's cyclic collector stays off in them. What they read lives
-#: until the process ends, and each collection would scan all of it (at 10,000 trials, a fifth of ``status``).
+#: Commands that read an experiment: Python's cyclic collector is off while they run. What they read lives until
+#: they end, and each collection would scan all of it (at 10,000 trials, a fifth of ``status``).
 _READERS = frozenset({"status", "verify", "report"})
 
 
@@ -192,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None) and not getattr(args, "verb", None):
         parser.print_help(sys.stderr)
         return 2
+    collecting = pygc.isenabled()
     if getattr(args, "verb", None) in _READERS:
         pygc.disable()
     try:
@@ -206,6 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tunekit {args.command}: interrupted", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # (the output's reader went first: `tunekit status EXP | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (nothing more to write at exit)
+        return 1
+    finally:
+        if collecting:  # (a caller in the same process, a test say, gets its collector back)
+            pygc.enable()
 
 
 if __name__ == "__main__":  # pragma: no cover

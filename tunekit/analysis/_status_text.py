@@ -63,7 +63,7 @@ def print_snapshot(snapshot: Any, metric: str | None, mode: str | None, sizes: d
         for key, value in trial.config.items():
             if key not in keys and not isinstance(value, (dict, list)):
                 keys.append(key)
-    varying = [k for k in keys if len({repr(t.config.get(k)) for t in snapshot.trials}) > 1][:5]
+    varying = [k for k in keys if _differ([t.config.get(k) for t in snapshot.trials])][:5]
     chosen = trial_intervals({t.trial_id: t.metric(INTERVAL_KEY) for t in snapshot.trials})  # the autopilot's
     headers = ["trial_id", "status", "iter", *( [metric] if metric else []), *varying, "ckpts", "ckpt size",
                *(["ckpt every"] if chosen else []), "error"]
@@ -154,3 +154,12 @@ def _print_interrupted(snapshot: Any) -> None:
             if trial.iterations > newest.iteration else ""
         print(f"note: {trial.trial_id} continues at iteration {newest.iteration + 1} from {newest.name}, the state of "
               f"iteration {newest.iteration} (resume verifies it first, and names any it passes over){again}")
+
+
+def _differ(values: list[Any]) -> bool:
+    """Whether ``values`` (a config key's, one per trial) are not all the same (1 and 1.0 differ, as shown)."""
+    try:
+        return len({(type(v), v) for v in values}) > 1
+    except TypeError:  # (an unhashable value)
+        return len({repr(v) for v in values}) > 1
+

@@ -38,7 +38,7 @@ import pyarrow
 import pyarrow.fs as pafs
 import xxhash
 
-from tunekit.checkpoint._layout import files_by_checkpoint
+from tunekit.checkpoint._layout import CHECKPOINT_DIR, TRAIN_DIR, files_by_checkpoint
 from tunekit.storage._files import file_bytes, loads
 from tunekit.storage._location import Storage, storage_errors
 
@@ -276,10 +276,20 @@ class ExperimentIndex:
     def checkpoint_files(self) -> dict[str, dict[str, int]]:
         """:func:`tunekit.checkpoint._layout.checkpoint_files` from the listing."""
         self._list()
-        listed = ((rel, stamp[0] or 0) for rel, stamp in self.stamps.items())
-        if self._unread:  # (what the local listing holds below the trials' own files, not yet in stamps)
-            listed = itertools.chain(listed, ((f"{top}/{rel}", size) for top, rel, size in self._nested))
-        return files_by_checkpoint(listed)
+        out = files_by_checkpoint((rel, stamp[0] or 0) for rel, stamp in self.stamps.items())
+        if not self._unread:
+            return out
+        train, at, files = [], None, None  # (what the local listing holds below the trials' own files)
+        for top, rel, size in self._nested:
+            sub, _, inner = rel.partition("/")
+            if sub == TRAIN_DIR:
+                train.append((f"{top}/{rel}", size))
+                continue
+            if (top, sub) != at:  # (a directory's files come one after another)
+                at, files = (top, sub), out.setdefault(f"{top}/{sub}", {}) if CHECKPOINT_DIR.match(sub) else None
+            if files is not None:
+                files[inner] = size
+        return {**out, **files_by_checkpoint(train)}
 
     def value(self, rel: str, read: Callable[[], Any], absent: Any = None, *, key: str | None = None) -> Any:
         """What ``read()`` returns for the file ``rel`` (its path inside the experiment): from the index when the
