@@ -162,4 +162,3 @@ def _differ(values: list[Any]) -> bool:
         return len({(type(v), v) for v in values}) > 1
     except TypeError:  # (an unhashable value)
         return len({repr(v) for v in values}) > 1
-

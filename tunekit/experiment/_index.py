@@ -20,8 +20,9 @@ is read the slow way each time). A damaged, foreign or older-format index is ign
 
 The index is three lines of JSON: the entries of files at the experiment's top (Ray's experiment state), the
 rest, then each trial's result rows (most of its bytes), so a reader parses only what it asks for: the first
-line alone (``load_results``), or the first two (``status``: each trial's newest row is in its summary). :mod:`tunekit.experiment._listed` gives the same
-listing and index to code written against a filesystem (``tunekit verify``).
+line alone (``load_results``), or the first two (``status``: each trial's newest row is in its summary).
+:mod:`tunekit.experiment._listed` gives the same listing and index to code written against a filesystem
+(``tunekit verify``).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class ExperimentIndex:
         self._lock = threading.Lock()  # (listed once when readers on several threads ask at once)
         #: The local listing, its entries below the top not yet in :attr:`tree` and :attr:`stamps` (:meth:`_entries`).
         self._unread: list[pafs.FileInfo] = []
-        self._nested: list[tuple[str, str, int]] = []  # (the local listing's files below a trial's own: top, rel, bytes)
+        self._nested: list[tuple[str, str, int]] = []  # (its files below a trial's own files: top, rel, bytes)
 
     def _list(self) -> None:
         """The experiment listed once, recursively (at the first question: after the reader checked it exists);
