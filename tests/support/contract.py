@@ -184,7 +184,17 @@ _upcoming = [0]
 
 
 def saving() -> None:
-    """Note that a save started: a write killed by :func:`die_once` waits for the next step."""
+    """Note that a save started: a write killed by :func:`die_once` waits for the next step.
+
+    The writes of earlier saves complete first (a two-phase save waits for them anyway, before its
+    snapshot): a write whose helper thread lags a step or more behind meets the hook while the
+    counters still name its own save, and the steps that came after it already count. A CI run
+    otherwise held the lagging first write for a step that its waiting second save kept from
+    coming, let it through after :data:`_NEXT_STEP_S`, and killed the third.
+    """
+    from tunekit.trial._saving import drain_writes
+
+    drain_writes()
     _stepping.clear()
     _saves[0] += 1
 
