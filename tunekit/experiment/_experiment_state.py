@@ -74,7 +74,7 @@ def read_state_problems(experiment: Storage, trial_dirs: Iterable[str] | None = 
     problems: list[str] = []
     _, state = read_state(experiment, problems, [])
     if trial_dirs is not None:
-        problems += missing_dirs(trials_from_state(state, [], runtimes=False), set(trial_dirs))
+        problems += missing_dirs(trials_from_state(state, problems, runtimes=False), set(trial_dirs))
     return problems
 
 

@@ -45,7 +45,7 @@ from tunekit.storage._location import Storage, resolve_storage
 __all__ = [
     "BestCheckpoint", "CheckpointSummary", "ExperimentSnapshot", "Exploit", "PBT_LOG", "RAY_KEYS", "TrialSnapshot",
     "check_storage", "error_message", "format_counts", "ranked", "read_experiment", "read_exploits",
-    "read_state_problems", "registered_checkpoints", "registered_in_state", "trial_tags",
+    "read_state_problems", "registered_checkpoints", "registered_in_state", "state_problems_from_index", "trial_tags",
 ]
 
 def check_storage(snapshot: ExperimentSnapshot) -> dict[str, int]:
@@ -134,14 +134,28 @@ def read_experiment(location: str | Storage, *, filesystem: Any = None, results:
 _STATE = "\0state"
 
 
+def _state_of(experiment: Storage, index: ExperimentIndex, files: list[str]) -> dict[str, Any]:
+    """:func:`~tunekit.experiment._experiment_state.state_summary` with runtimes, from ``index`` while the listing
+    shows the state files as it recorded them."""
+    return index.cached(_STATE, index.root_stamp(state_files(files)),
+                        lambda: state_summary(experiment, files, runtimes=True))
+
+
+def state_problems_from_index(experiment: Storage, index: ExperimentIndex, trial_dirs: list[str] | None) -> list[str]:
+    """:func:`read_state_problems` from the summary of Ray's experiment state that ``index`` keeps (what
+    ``tunekit status`` reads), read again only when the listing shows a state file changed."""
+    state = _state_of(experiment, index, index.top()[1])
+    problems = list(state["problems"])
+    return problems if trial_dirs is None else problems + missing_dirs(state["trials"], set(trial_dirs))
+
+
 def _read_experiment(experiment: Storage, results: bool, keep_index: bool) -> ExperimentSnapshot:
     problems: list[str] = []
     if results:  # (every trial's files: read from one listing and the index, see tunekit.experiment._index)
         index: ExperimentIndex | None = ExperimentIndex(experiment)
         check_experiment_dir(experiment)
         names, files = index.top()
-        state = index.cached(_STATE, index.root_stamp(state_files(files)),
-                             lambda: state_summary(experiment, files, runtimes=True))
+        state = _state_of(experiment, index, files)
         per_file = None if experiment.is_local else index  # (remote: a changed trial's unchanged files unread)
         summaries = [(name, index.trial(name, lambda name=name: trial_summary(experiment, name, index, per_file)))
                      for name in names]

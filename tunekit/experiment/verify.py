@@ -31,7 +31,7 @@ from tunekit.checkpoint._layout import POINTER_KEY, TRAIN_DIR, find_trials, poin
 from tunekit.storage._location import Storage, resolve_storage
 
 __all__ = ["CheckpointCheck", "ExperimentCheck", "FOREIGN", "checkpoint_at", "experiment_file_problems",
-           "result_file_problems", "verify_experiment", "verify_one"]
+           "open_for_verify", "result_file_problems", "verify_experiment", "verify_one", "verify_opened"]
 
 
 @dataclass(frozen=True)
@@ -137,19 +137,25 @@ def _pointer_gone(experiment: Storage, trial: Any, target: Any) -> str | None:
 FOREIGN = "not a tunekit checkpoint"
 
 
-def checkpoint_at(location: str) -> Storage | None:
+def checkpoint_at(location: str | Storage, index: ExperimentIndex | None = None) -> Storage | None:
     """``location`` when it is one checkpoint directory (holding a tunekit file, or named ``checkpoint_N``):
-    what ``tunekit verify`` checks alone; None otherwise (an experiment, or nothing there). One listing."""
+    what ``tunekit verify`` checks alone; None otherwise (an experiment, or nothing there). One listing; with
+    ``index`` (the location's, remote), the recursive one the experiment's verification reads anyway."""
     try:
-        where = resolve_storage(location)
-        entries = where.filesystem.get_file_info(pafs.FileSelector(where.path, allow_not_found=True))
+        where = resolve_storage(location) if isinstance(location, str) else location
+        if index is not None:
+            dirs, names = index.top()
+            present = bool(dirs or names)
+        else:
+            entries = where.filesystem.get_file_info(pafs.FileSelector(where.path, allow_not_found=True))
+            names = [e.base_name for e in entries if e.type == pafs.FileType.File]
+            present = bool(entries)
     except (TunekitError, OSError, ValueError):  # (not storage tunekit can read: verify_experiment says why)
         return None
-    if not entries and not (where.is_local and os.path.isdir(where.path)):  # (an empty local directory is one)
+    if not present and not (where.is_local and os.path.isdir(where.path)):  # (an empty local directory is one)
         return None
     named = CHECKPOINT_DIR.match(posixpath.basename(where.path.rstrip("/")))
-    ours = any(e.type == pafs.FileType.File and e.base_name in TUNEKIT_FILES for e in entries)
-    return where if named or ours else None
+    return where if named or any(name in TUNEKIT_FILES for name in names) else None
 
 
 def verify_one(checkpoint: Storage) -> tuple[str, list[str]]:
@@ -161,15 +167,14 @@ def verify_one(checkpoint: Storage) -> tuple[str, list[str]]:
     return report.status, list(report.problems)
 
 
-def _opened(location: str | Storage, filesystem: Any, full: bool | None) -> tuple[Storage, ExperimentIndex | None, bool]:
-    """The experiment to verify (remote: read from one listing and the index, see :mod:`tunekit.experiment._index`), its
-    index, and whether to hash every file (default: on a local disk, where reading is cheap)."""
-    experiment = resolve_storage(location, filesystem=filesystem)
-    hashed = experiment.is_local if full is None else full
-    if experiment.is_local:
-        return experiment, None, hashed
-    index = ExperimentIndex(experiment)
-    return listed_storage(index), index, hashed
+def open_for_verify(location: str | Storage, filesystem: Any = None, full: bool | None = None
+                    ) -> tuple[Storage, ExperimentIndex | None, bool]:
+    """The storage at ``location`` as :func:`verify_experiment` reads it, its index (remote: read from one listing
+    and the index, see :mod:`tunekit.experiment._index`; None on a local disk), and whether to hash every file
+    (default: on a local disk, where reading is cheap). Lists nothing yet."""
+    where = resolve_storage(location, filesystem=filesystem)
+    hashed = where.is_local if full is None else full
+    return where, None if where.is_local else ExperimentIndex(where), hashed
 
 
 def _read_all(experiment: Storage, trials: list[Any],
@@ -210,7 +215,13 @@ def verify_experiment(
         ExperimentError: ``location`` is not an experiment directory.
         StorageError: the storage cannot be read.
     """
-    experiment, index, hashed = _opened(location, filesystem, full)
+    return verify_opened(*open_for_verify(location, filesystem, full), on_check=on_check)
+
+
+def verify_opened(where: Storage, index: ExperimentIndex | None, hashed: bool, *,
+                  on_check: Callable[[CheckpointCheck], None] | None = None) -> ExperimentCheck:
+    """:func:`verify_experiment` of what :func:`open_for_verify` returned."""
+    experiment = where if index is None else listed_storage(index)
     trials = find_trials(experiment)
     result = ExperimentCheck(location=experiment.uri, trials=len(trials), hashed=hashed)
     found, reports = _read_all(experiment, trials, hashed)  # (a Train checkpoint verified once, for both uses)
@@ -260,9 +271,11 @@ def verify_experiment(
         else:
             check = CheckpointCheck(trial.name, ckpt.name, None, "unverified", (FOREIGN,))
         add(check)
-    for check in [c for trial in trials for c in _leftover_checks(trial)] + _registered_checks(experiment, trials):
+    record = _record_facts(experiment, index)
+    for check in [c for trial in trials for c in _leftover_checks(trial)] + _registered_checks(experiment, trials,
+                                                                                              record):
         add(check)  # (what two-phase saves leave behind when a worker is killed mid-write; Ray's registered ones)
-    result.problems.extend(experiment_file_problems(experiment, [t.name for t in trials]))
+    result.problems.extend(experiment_file_problems(experiment, [t.name for t in trials], index=index, record=record))
     result.problems.extend(result_file_problems(experiment, trials))
     if index is not None:
         index.save()
@@ -294,16 +307,36 @@ def result_file_problems(experiment: Storage, trials: list[Any]) -> list[str]:
     return out
 
 
-def _registered_checks(experiment: Storage, trials: list[Any]) -> list[CheckpointCheck]:
+def _record_facts(experiment: Storage, index: ExperimentIndex | None) -> tuple[dict[str, Any] | None, str | None]:
+    """What verify uses of tunekit's record (whether its driver may run, each trial's registered checkpoint) and
+    why it cannot be read; on remote storage from the index while the listing shows the record unchanged."""
+    from tunekit.experiment.record import RECORD_NAME, read_record
+
+    def read() -> list[Any]:
+        record, problem = read_record(experiment.filesystem, experiment.path)
+        if record is None:
+            return [None, problem]
+        trials = [{"dir": e.get("dir"), "checkpoint": e.get("checkpoint")}
+                  for e in record.get("trials") or [] if isinstance(e, dict)]
+        return [{"ended": record.get("ended"), "driver": record.get("driver"), "updated": record.get("updated"),
+                 "trials": trials}, None]
+
+    facts = read() if index is None else index.cached("\0record", index.root_stamp([RECORD_NAME]), read)
+    return facts[0], facts[1]
+
+
+def _registered_checks(experiment: Storage, trials: list[Any],
+                       facts: tuple[dict[str, Any] | None, str | None]) -> list[CheckpointCheck]:
     """The checkpoint Ray registered as each trial's newest (tunekit's record names it) must be on storage.
 
     Checked once the run is over (its driver gone): while it runs, the record
     may lag the checkpoints by a second. A registered checkpoint that is a
     trial's own or a pin is verified above already; here only its absence.
+    ``facts``: :func:`_record_facts`.
     """
-    from tunekit.experiment.record import driver_running, read_record
+    from tunekit.experiment.record import driver_running
 
-    record, _ = read_record(experiment.filesystem, experiment.path)
+    record = facts[0]
     if record is None or driver_running(record):
         return []
     names = {t.name for t in trials}
@@ -320,21 +353,27 @@ def _registered_checks(experiment: Storage, trials: list[Any]) -> list[Checkpoin
     return out
 
 
-def experiment_file_problems(experiment: Storage, trial_dirs: list[str] | None = None) -> list[str]:
+def experiment_file_problems(experiment: Storage, trial_dirs: list[str] | None = None, *,
+                             index: ExperimentIndex | None = None,
+                             record: tuple[Any, str | None] | None = None) -> list[str]:
     """Damage to Ray's own files of the experiment (``tuner.pkl``, experiment state, search algorithm and
-    callback state), read as data only; given the trial directories found, a started trial's missing one."""
+    callback state) and to tunekit's record, read as data only; given the trial directories found, a started
+    trial's missing one. ``index``: the experiment's (remote), whose summary of Ray's experiment state (the one
+    ``tunekit status`` keeps) stands while the listing shows the state files unchanged; ``record``: what
+    :func:`_record_facts` read already."""
     from tunekit.experiment._pickles import driver_state_damage, tuner_pickle_problem
-    from tunekit.experiment.snapshot import read_state_problems
+    from tunekit.experiment.record import read_record
+    from tunekit.experiment.snapshot import read_state_problems, state_problems_from_index
 
     torn = tuner_pickle_problem(experiment)
     problems = [f"{torn}; `tunekit resume` can still continue the trials"] if torn else []
     driver = driver_state_damage(experiment)
-    from tunekit.experiment.record import read_record
-
-    record, record_problem = read_record(experiment.filesystem, experiment.path)
-    if record is None and record_problem and not record_problem.startswith("no "):  # (there, but unreadable)
+    found, record_problem = record if record is not None else read_record(experiment.filesystem, experiment.path)
+    if found is None and record_problem and not record_problem.startswith("no "):  # (there, but unreadable)
         problems.append(f"{record_problem}: tunekit's record of the run is lost")
-    return problems + ([driver] if driver else []) + read_state_problems(experiment, trial_dirs)
+    state = read_state_problems(experiment, trial_dirs) if index is None else \
+        state_problems_from_index(experiment, index, trial_dirs)
+    return problems + ([driver] if driver else []) + state
 
 
 #: Hidden copies of whole checkpoints (``tunekit.checkpoint._trial_dir.leftovers``' kinds) and what each is.
