@@ -333,6 +333,29 @@ def test_lineage_places_exploits_where_the_rows_show_them(tmp_path):
         ["a", "d", 2, 2], ["b", "d", 2, 2], ["c", "a", 4, 4], ["d", "b", 4, 4]]
 
 
+def test_lineage_takes_the_clones_first_row_when_ray_lost_the_rows_before_its_exploit(tmp_path):
+    """Synchronous Ray PBT logged b cloning a with a's iteration 1 (a's result of iteration 2 not yet seen); b's
+    rows before the exploit are gone (Ray's JSON logger copied an older result.json from storage over its own as b
+    restored, seen in CI): b's first row left, iteration 3 at the new rate, shows the clone took iteration 2."""
+    exp = tmp_path / "exp"
+    _write_trial(exp, "T_a0000_00000_0", [{"trial_id": "a", "training_iteration": i, "acc": 0.5, "config": {"lr": 0.1}}
+                                          for i in (1, 2, 3)])
+    _write_trial(exp, "T_b0000_00001_1", [{"trial_id": "b", "training_iteration": 3, "acc": 0.5,
+                                           "config": {"lr": 0.08}}])
+    (exp / "pbt_global.txt").write_text(json.dumps(["1", "0", 2, 1, {"lr": 0.01}, {"lr": 0.08}]) + "\n")
+    exploits = pbt_lineage(str(exp)).exploits
+    assert exploits[["target", "source", "iteration", "source_iteration", "undone"]].values.tolist() == [
+        ["b", "a", 2, 2, False]]
+    # With b's rows whole, its first row at the new rate places the exploit as before.
+    whole = tmp_path / "whole"
+    _write_trial(whole, "T_a0000_00000_0", [{"trial_id": "a", "training_iteration": i, "acc": 0.5,
+                                             "config": {"lr": 0.1}} for i in (1, 2, 3)])
+    (whole / "pbt_global.txt").write_text((exp / "pbt_global.txt").read_text())
+    _write_trial(whole, "T_b0000_00001_1", [{"trial_id": "b", "training_iteration": i, "acc": 0.5,
+                                           "config": {"lr": lr}} for i, lr in ((1, 0.01), (2, 0.01), (3, 0.08))])
+    assert pbt_lineage(str(whole)).exploits[["iteration", "source_iteration"]].values.tolist() == [[2, 2]]
+
+
 def test_an_exploit_whose_clone_restored_its_own_checkpoint_is_undone_in_the_lineage(tmp_path, capsys):
     """Ray logged b cloning a at iteration 2, but a's checkpoint was gone when b restored, and b went on from
     its own checkpoint of iteration 2 (its row says so): b's weights are its own throughout, the new rate

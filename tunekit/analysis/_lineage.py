@@ -84,7 +84,9 @@ def _fix_exploit_iterations(experiment: Storage, snap: ExperimentSnapshot, recor
     target's rows are the truth: the first row after the exploit carries the
     new config, and continues from the cloned checkpoint (iteration k+1 after
     a checkpoint of iteration k). Where the config did not visibly change,
-    the row after the logged iteration is used; where the rows around an
+    the row after the logged iteration is used; where the target's rows begin
+    after its first exploit (Ray lost the ones before), the first row left is
+    the first after it; where the rows around an
     exploit are missing, Ray's logged values stay. An exploit whose first row says the trial restored its own
     checkpoint (tunekit's trainables report whose they read) is undone.
     """
@@ -103,6 +105,15 @@ def _fix_exploit_iterations(experiment: Storage, snap: ExperimentSnapshot, recor
             (j for j in range(start, len(rows)) if _has(rows[j][1], wanted) and not _has(rows[j - 1][1], wanted)),
             None,
         )
+        if hit is None and rows and record["target"] not in position and rows[0][0] > 1 and _has(rows[0][1], wanted):
+            # The target's rows begin after its first exploit, with the new config: Ray's JSON logger copied the
+            # trial's older result.json from storage over its own as the clone restored (a race with its upload),
+            # so the rows before were lost, and the first one left is the first the clone reported.
+            record["undone"] = rows[0][2] is not None and rows[0][2] == names.get(record["target"])
+            if not record["undone"]:
+                record["source_iteration"] = rows[0][0] - 1
+            position[record["target"]] = 1
+            continue
         if hit is None:  # no visible config change: the row after the logged iteration
             hit = next((j for j in range(start, len(rows)) if rows[j - 1][0] == record["iteration"]), None)
         if hit is None:

@@ -12,13 +12,14 @@ Example:
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
-from tunekit.storage._files import loads
+from tunekit.storage._files import loads, read_text
 
 __all__ = [
     "dedupe_lineage", "exploits_by_trial", "format_ranges", "lost_iterations", "missing_iterations",
-    "parse_result_lines", "restore_clones", "rows_lost"
+    "parse_result_lines", "restore_clones", "result_file_problems", "rows_lost"
 ]
 
 def parse_result_lines(text: str) -> tuple[list[dict[str, Any]], int]:
@@ -184,3 +185,15 @@ def format_ranges(numbers: list[int]) -> str:
         else:
             runs.append([n, n])
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def result_file_problems(experiment: Any, trials: list[Any]) -> list[str]:
+    """Damaged lines in the trials' ``result.json`` files (``experiment``: a :class:`~tunekit.storage.Storage`),
+    one line per file (what ``status`` calls damage)."""
+    out = []
+    for trial in trials:
+        text = read_text(experiment.filesystem, posixpath.join(trial.location.path, "result.json")) or ""
+        _, bad = parse_result_lines(text)
+        if bad:
+            out.append(f"{trial.name}/result.json: {bad} damaged line(s)")
+    return out

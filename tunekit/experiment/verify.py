@@ -20,6 +20,7 @@ from typing import Any, Callable, Literal
 
 from tunekit.experiment._index import ExperimentIndex
 from tunekit.experiment._listed import listed_storage
+from tunekit.experiment.results import result_file_problems
 from tunekit.checkpoint._interrupted import INTERRUPTED_WRITE, interrupted_write
 from tunekit.checkpoint._manifest import NOT_WRITTEN, TUNEKIT_FILES
 from tunekit.checkpoint._trial_dir import CHECKPOINT_DIR, leftovers, scan
@@ -271,10 +272,17 @@ def verify_opened(where: Storage, index: ExperimentIndex | None, hashed: bool, *
         else:
             check = CheckpointCheck(trial.name, ckpt.name, None, "unverified", (FOREIGN,))
         add(check)
+    return _whole_experiment(experiment, index, trials, result, add)
+
+
+def _whole_experiment(experiment: Storage, index: ExperimentIndex | None, trials: list[Any], result: ExperimentCheck,
+                      add: Callable[[CheckpointCheck], None]) -> ExperimentCheck:
+    """``result`` with what :func:`verify_opened` checks after the trials' checkpoints: what two-phase saves leave
+    behind when a worker is killed mid-write, the checkpoints Ray registered, the experiment's own files."""
     record = _record_facts(experiment, index)
     for check in [c for trial in trials for c in _leftover_checks(trial)] + _registered_checks(experiment, trials,
                                                                                               record):
-        add(check)  # (what two-phase saves leave behind when a worker is killed mid-write; Ray's registered ones)
+        add(check)
     result.problems.extend(experiment_file_problems(experiment, [t.name for t in trials], index=index, record=record))
     result.problems.extend(result_file_problems(experiment, trials))
     if index is not None:
@@ -293,20 +301,6 @@ def _never_registered(experiment: Storage, trial: str, name: str, known: list[An
     return names is not None and name not in names
 
 
-def result_file_problems(experiment: Storage, trials: list[Any]) -> list[str]:
-    """Damaged lines in the trials' ``result.json`` files, one line per file (what ``status`` calls damage)."""
-    from tunekit.experiment.results import parse_result_lines
-    from tunekit.storage._files import read_text
-
-    out = []
-    for trial in trials:
-        text = read_text(experiment.filesystem, posixpath.join(trial.location.path, "result.json")) or ""
-        _, bad = parse_result_lines(text)
-        if bad:
-            out.append(f"{trial.name}/result.json: {bad} damaged line(s)")
-    return out
-
-
 def _record_facts(experiment: Storage, index: ExperimentIndex | None) -> tuple[dict[str, Any] | None, str | None]:
     """What verify uses of tunekit's record (whether its driver may run, each trial's registered checkpoint) and
     why it cannot be read; on remote storage from the index while the listing shows the record unchanged."""
@@ -314,12 +308,9 @@ def _record_facts(experiment: Storage, index: ExperimentIndex | None) -> tuple[d
 
     def read() -> list[Any]:
         record, problem = read_record(experiment.filesystem, experiment.path)
-        if record is None:
-            return [None, problem]
-        trials = [{"dir": e.get("dir"), "checkpoint": e.get("checkpoint")}
-                  for e in record.get("trials") or [] if isinstance(e, dict)]
-        return [{"ended": record.get("ended"), "driver": record.get("driver"), "updated": record.get("updated"),
-                 "trials": trials}, None]
+        return [None if record is None else {**{k: record.get(k) for k in ("ended", "driver", "updated")}, "trials": [
+            {"dir": e.get("dir"), "checkpoint": e.get("checkpoint")} for e in record.get("trials") or []
+            if isinstance(e, dict)]}, problem]
 
     facts = read() if index is None else index.cached("\0record", index.root_stamp([RECORD_NAME]), read)
     return facts[0], facts[1]
