@@ -108,17 +108,15 @@ def _fix_exploit_iterations(experiment: Storage, snap: ExperimentSnapshot, recor
         if hit is None and rows and record["target"] not in position and rows[0][0] > 1 and _has(rows[0][1], wanted):
             # The target's rows begin after its first exploit, with the new config: Ray's JSON logger copied the
             # trial's older result.json from storage over its own as the clone restored (a race with its upload),
-            # so the rows before were lost, and the first one left is the first the clone reported.
-            record["undone"] = rows[0][2] is not None and rows[0][2] == names.get(record["target"])
-            if not record["undone"]:
-                record["source_iteration"] = rows[0][0] - 1
-            position[record["target"]] = 1
-            continue
+            # so the rows before were lost, and the first one left is the first the clone reported (the logged
+            # iteration of the exploit stays: no row before it is left).
+            hit = 0
         if hit is None:  # no visible config change: the row after the logged iteration
             hit = next((j for j in range(start, len(rows)) if rows[j - 1][0] == record["iteration"]), None)
         if hit is None:
             continue
-        record["iteration"] = rows[hit - 1][0]
+        if hit:
+            record["iteration"] = rows[hit - 1][0]
         record["undone"] = rows[hit][2] is not None and rows[hit][2] == names.get(record["target"])
         if not record["undone"]:  # (undone: the row continues the trial's own checkpoint, not the donor's)
             record["source_iteration"] = rows[hit][0] - 1

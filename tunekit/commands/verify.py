@@ -11,15 +11,10 @@ __all__ = ["verify_command"]
 
 def verify_command(args: argparse.Namespace) -> int:
     """Run ``tunekit verify`` with its parsed arguments; return the exit code."""
-    from tunekit.errors import TunekitError
-    from tunekit.experiment.verify import (CheckpointCheck, checkpoint_at, open_for_verify, verify_experiment,
-                                           verify_one, verify_opened)
+    from tunekit.experiment.verify import CheckpointCheck, checkpoint_at, open_for_verify, verify_one, verify_opened
 
-    try:  # (remote: the experiment's one recursive listing answers whether it is a checkpoint too)
-        opened = open_for_verify(args.experiment, full=args.full)
-    except (TunekitError, OSError, ValueError):
-        opened = None
-    checkpoint = checkpoint_at(args.experiment) if opened is None else checkpoint_at(opened[0], opened[1])
+    opened = open_for_verify(args.experiment, full=args.full)  # (lists nothing yet)
+    checkpoint = checkpoint_at(*opened[:2])  # (remote: the experiment's one recursive listing answers it)
     if checkpoint is not None:  # one checkpoint, not an experiment: its verdict alone
         status, problems = verify_one(checkpoint)
         if args.json:
@@ -43,8 +38,7 @@ def verify_command(args: argparse.Namespace) -> int:
             line += f": {'; '.join(check.problems)}"
         print(line, flush=True)
 
-    result = verify_experiment(args.experiment, on_check=show, full=args.full) if opened is None else \
-        verify_opened(*opened, on_check=show)
+    result = verify_opened(*opened, on_check=show)
     if args.json:
         payload = {
             "experiment": result.location,

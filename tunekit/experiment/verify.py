@@ -143,7 +143,7 @@ def checkpoint_at(location: str | Storage, index: ExperimentIndex | None = None)
     what ``tunekit verify`` checks alone; None otherwise (an experiment, or nothing there). One listing; with
     ``index`` (the location's, remote), the recursive one the experiment's verification reads anyway."""
     try:
-        where = resolve_storage(location) if isinstance(location, str) else location
+        where = resolve_storage(location)
         if index is not None:
             dirs, names = index.top()
             present = bool(dirs or names)
