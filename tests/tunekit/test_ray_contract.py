@@ -147,7 +147,8 @@ _OTHER_RAY = """
 import os, sys, ray
 ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
 Bystander = ray.remote(num_cpus=0)(type("TunekitBystander", (), {"pid": lambda self: os.getpid()}))
-print(ray.get(Bystander.remote().pid.remote()), flush=True)
+bystander = Bystander.remote()  # (held: an actor whose handle is dropped exits)
+print(ray.get(bystander.pid.remote()), flush=True)
 sys.stdin.read()
 """
 
