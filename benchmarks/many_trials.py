@@ -11,7 +11,7 @@ one run (interleaved when ``--repeats`` > 1, best of each reported):
 * ``class``: the same training as a :class:`tunekit.TorchTrainable`;
 * ``function``: the same as a training function with a
   :class:`tunekit.FunctionSession`, wrapped by :func:`tunekit.function_trainable`;
-* ``class+callbacks``: ``class`` with ``ParquetLogger()``, ``ProgressPrinter("loss")`` and
+* ``class+callbacks``: ``class`` with ``ParquetLogger()``, ``ProgressPrinter("loss", mode="min")`` and
   ``KeepCheckpoints(trial_latest=1, experiment_best=5, ...)`` (``--callbacks``: some of them, to see what
   each costs);
 * ``function+callbacks``: ``function`` with the same callbacks;
@@ -198,7 +198,8 @@ def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: in
     from tunekit.callbacks import KeepCheckpoints, ParquetLogger, ProgressPrinter
 
     clear_phases(phases_dir)
-    made = {"parquet": ParquetLogger, "progress": lambda: ProgressPrinter("loss", stream=open(os.devnull, "w")),
+    made = {"parquet": ParquetLogger, "progress": lambda: ProgressPrinter("loss", mode="min",
+                                                                         stream=open(os.devnull, "w")),
             "keep": lambda: KeepCheckpoints(trial_latest=1, experiment_best=5, metric="loss", mode="min")}
     callbacks = [made[name]() for name in callback_names] if variant.endswith("+callbacks") else []
     loggers_env = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"

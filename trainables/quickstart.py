@@ -167,7 +167,7 @@ def _sweep(storage: Any, experiment: Any, name: str, *, num_samples: int, max_it
             **storage.run_config_kwargs(),
             stop={"training_iteration": max_iterations},
             checkpoint_config=pbt.checkpoint_config,
-            callbacks=[ProgressPrinter(METRIC, stream=out), ParquetLogger()],
+            callbacks=[ProgressPrinter(METRIC, mode="max", stream=out), ParquetLogger()],
             verbose=0,
         ),
     )

@@ -62,3 +62,39 @@ def test_each_trials_end_is_a_line_in_a_small_sweep_and_counted_in_the_status_li
         assert len(done) == (n if lines_each else 0), lines[:5]
         # one status line in the period (interval_s): its counts say how many ended
         assert len(lines) == len(done) + 1 and f"{n} trials ({n} terminated)" in lines[0], lines[:3]
+
+
+def test_the_status_line_counts_ended_trials_folded_and_names_the_best_by_mode():
+    """An ended trial's result still counts in the status line (its iterations, its metric) after it is folded;
+    the best is by ``mode``, and without one the line says it shows the highest. A result after a trial's end
+    counts it as going on again, not twice."""
+    import pickle
+
+    import pytest
+
+    from tunekit.errors import ConfigError
+
+    def last_line(printer, trials, trial, result):
+        printer._last_print = float("-inf")  # (a line now, whatever the interval)
+        printer.on_trial_result(0, trials, trial, result)
+        return printer.stream.getvalue().splitlines()[-1]
+
+    losses = [0.9, 0.2, 0.5]
+    for mode, word, expected in (("min", "best", 0.2), ("max", "best", 0.9), (None, "highest", 0.9)):
+        printer = ProgressPrinter("loss", mode=mode, stream=io.StringIO(), interval_s=3600)
+        trials = _trials(3, "RUNNING")
+        for trial, loss in zip(trials, losses):
+            printer.on_trial_result(0, trials, trial, {"training_iteration": 4, "loss": loss})
+        for trial in trials[:2]:
+            trial.set_status("TERMINATED")
+            printer.on_trial_complete(0, trials, trial)
+        assert set(printer._latest) == {trials[2].trial_id}  # (the ended ones folded)
+        line = last_line(printer, trials, trials[2], {"training_iteration": 5, "loss": losses[2]})
+        assert f"3 trials (1 running, 2 terminated); 13 iterations; {word} loss={expected:.4f}" in line, line
+        again = pickle.loads(pickle.dumps(printer))  # (Tune keeps the callbacks with the experiment)
+        again.stream = io.StringIO()
+        line = last_line(again, trials, trials[0], {"training_iteration": 5, "loss": 0.7})
+        best = {"min": 0.2, "max": 0.7, None: 0.7}[mode]
+        assert f"14 iterations; {word} loss={best:.4f}" in line, line
+    with pytest.raises(ConfigError, match="mode='best'"):
+        ProgressPrinter("loss", mode="best")
