@@ -42,7 +42,7 @@ FORMAT = "tunekit-experiment"
 VERSION = 1
 #: Seconds between two writes of the record while a run goes on (the last one is written at the end); longer
 #: where building its text takes the driver more than ``_SHARE`` of that (a sweep of thousands of trials: the
-#: text is O(trials)), up to ``MAX_INTERVAL_S`` (Ray's own experiment state is no fresher in such a sweep).
+#: text is O(trials)), up to ``MAX_INTERVAL_S``.
 INTERVAL_S = 1.0
 MAX_INTERVAL_S = 30.0
 _SHARE = 0.005
