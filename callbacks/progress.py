@@ -11,7 +11,7 @@ from typing import Any, TextIO
 from ray.tune.experiment import Trial
 from typing_extensions import override
 
-from tunekit._checks import is_number, number_at_least
+from tunekit._checks import as_number, is_number, number_at_least
 from tunekit._keys import INTERVAL_KEY
 from tunekit.schedule.interval import describe_intervals
 from tunekit.errors import ConfigError
@@ -70,10 +70,9 @@ class ProgressPrinter(TunekitCallback):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         if "_ended" not in state:  # (pickled before the ended trials were folded: their results counted anew)
-            latest = state.get("_latest") or {}
             self.mode = state.get("mode")
             self._reset_counts()
-            self._latest = dict(latest)
+            self._latest = dict(state.get("_latest") or {})
 
     def _better(self, a: float | None, b: float | None) -> float | None:
         if a is None or b is None:
@@ -81,8 +80,7 @@ class ProgressPrinter(TunekitCallback):
         return min(a, b) if self.mode == "min" else max(a, b)
 
     def _value(self, result: dict[str, Any]) -> float | None:
-        value = result.get(self.metric)
-        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        return as_number(result.get(self.metric))  # (a NaN or an infinity is never named the best)
 
     def _print(self, line: str) -> None:
         print(f"[{time.monotonic() - self._start:6.1f}s] {line}", file=self.stream or sys.stdout, flush=True)
@@ -92,11 +90,12 @@ class ProgressPrinter(TunekitCallback):
         super().on_trial_result(iteration, trials, trial, result, **info)
         self._note_interval(trial.trial_id, result)
         if trial.trial_id in self._ended:  # (a result after its end: counted as going on again)
-            self._ended.pop(trial.trial_id)
-            self._ended_iterations = sum(n for _, n in self._ended.values())
-            self._ended_best = None
-            for value, _ in self._ended.values():
-                self._ended_best = self._better(self._ended_best, value)
+            value, done = self._ended.pop(trial.trial_id)
+            self._ended_iterations -= done
+            if value is not None and value == self._ended_best:  # (the best left: found again among the rest)
+                self._ended_best = None
+                for value, _ in self._ended.values():
+                    self._ended_best = self._better(self._ended_best, value)
         self._latest[trial.trial_id] = result
         now = time.monotonic()
         if now - self._last_print < self.interval_s:

@@ -96,5 +96,9 @@ def test_the_status_line_counts_ended_trials_folded_and_names_the_best_by_mode()
         line = last_line(again, trials, trials[0], {"training_iteration": 5, "loss": 0.7})
         best = {"min": 0.2, "max": 0.7, None: 0.7}[mode]
         assert f"14 iterations; {word} loss={best:.4f}" in line, line
+        fresh = ProgressPrinter("loss", mode=mode, stream=io.StringIO(), interval_s=3600)
+        fresh.on_trial_result(0, trials, trials[0], {"training_iteration": 1, "loss": float("nan")})
+        line = last_line(fresh, trials, trials[1], {"training_iteration": 1, "loss": 0.3})
+        assert f"{word} loss=0.3000" in line, line  # (a NaN is never the best)
     with pytest.raises(ConfigError, match="mode='best'"):
         ProgressPrinter("loss", mode="best")
