@@ -367,7 +367,7 @@ def _side_by_side(args: argparse.Namespace, variants: list[str]) -> int:
         anchors["plain-function"] = "plain"  # (named alone: Ray's function runner against the plain class)
     kinds = ("wall", "its CPU busy")
     ratios: dict[str, dict[str, list[float]]] = {v: {k: [] for k in kinds} for v in anchors}
-    for repeat in range(args.repeats):
+    for repeat in range(args.first_round - 1, args.first_round - 1 + args.repeats):
         for variant, anchor in anchors.items():
             where = dict(zip((anchor, variant), cpus if repeat % 2 == 0 else cpus[::-1]))
             keep = os.path.join(args.keep, f"r{repeat}-{variant}") if args.keep else None  # (a pair's own)
@@ -438,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="each run of a variant at the same time as a plain run of its own (plain-function's "
                              "for the function variants where it is named), each sweep pinned to a CPU of its own "
                              "(swapped every round), each ratio against that run")
+    parser.add_argument("--first-round", type=int, default=1, choices=(1, 2),
+                        help="--side-by-side: the round to start at (2: each variant on the CPU of an even round), "
+                             "to run one missing round alone")
     parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)  # (--side-by-side's sweeps)
     parser.add_argument("--callbacks", default=",".join(CALLBACKS),
                         help=f"the +callbacks variants' callbacks, some of {CALLBACKS} (default: all)")

@@ -155,7 +155,10 @@ def test_status_of_many_trials_shows_those_worth_a_look_and_all_of_them_with_all
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("t000")]
     assert [r.split()[0] for r in rows] == [f"t{i:05d}" for i in range(10)], out  # the 10 lowest losses
-    assert "(50 more trials not shown: this table holds the best 10 by loss" in out and "--all" in out
+    assert "(50 more trials not shown: this table holds the best 10 by loss, best first" in out and "--all" in out
+    assert main(["status", str(exp), "--metric", "loss", "--mode", "max"]) == 0  # ranked best first
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("t000")]
+    assert rows == [f"t{i:05d}" for i in range(59, 49, -1)], rows
     assert main(["status", str(exp), "--metric", "loss", "--mode", "min", "--all"]) == 0
     out = capsys.readouterr().out
     assert len([line for line in out.splitlines() if line.startswith("t000")]) == 60 and "not shown" not in out
@@ -163,5 +166,5 @@ def test_status_of_many_trials_shows_those_worth_a_look_and_all_of_them_with_all
     assert main(["report", str(exp), "--metric", "loss", "--mode", "min", "--output", str(tmp_path / "r")]) == 0
     page = (tmp_path / "r" / "index.html").read_text()
     table = page.split("<h2>Trials</h2>")[1].split("</table>")[0]
-    assert "10 of 60 trials: the 10 best by loss" in table and "--all" in table
+    assert "10 of 60 trials: the 10 best by loss, best first" in table and "--all" in table
     assert sorted(set(re.findall(r"<td>(t\d{5})</td>", table))) == [f"t{i:05d}" for i in range(10)], table

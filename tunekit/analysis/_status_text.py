@@ -26,16 +26,17 @@ BEST_SHOWN = 10
 
 def rows_shown(snapshot: Any, metric: str | None, mode: str | None) -> list[Any]:
     """The trials a table of a large experiment shows: those in ERROR, those with damage, those not finished,
-    and the best :data:`BEST_SHOWN` by ``metric`` (without one: the first by id), in trial order."""
+    and the best :data:`BEST_SHOWN` by ``metric`` (without one: the first by id). With a metric the rows are
+    ranked, best first (trials without a value after, in trial order); without one they are in trial order."""
     damaged = " ".join(snapshot.problems)
     keep = {t.trial_id for t in snapshot.trials if t.status not in ("TERMINATED",) or t.error or t.name in damaged}
     scored = [(t.metric(metric), t.trial_id) for t in snapshot.trials] if metric and mode else []
-    scored = [(v, i) for v, i in scored if v is not None]
-    if scored:
-        keep |= {i for _, i in sorted(scored, reverse=mode == "max")[:BEST_SHOWN]}
-    else:
-        keep |= {t.trial_id for t in snapshot.trials[:BEST_SHOWN]}
-    return [t for t in snapshot.trials if t.trial_id in keep]
+    ranked = [i for _, i in sorted(((v, i) for v, i in scored if v is not None), key=lambda s: s[0],
+                                   reverse=mode == "max")]
+    keep |= set(ranked[:BEST_SHOWN]) if ranked else {t.trial_id for t in snapshot.trials[:BEST_SHOWN]}
+    place = {trial_id: n for n, trial_id in enumerate(ranked)}
+    shown = [t for t in snapshot.trials if t.trial_id in keep]
+    return sorted(shown, key=lambda t: place.get(t.trial_id, len(place)))  # (a stable sort: ties in trial order)
 
 
 def print_snapshot(snapshot: Any, metric: str | None, mode: str | None, sizes: dict[str, int] | None = None,
@@ -83,7 +84,7 @@ def print_snapshot(snapshot: Any, metric: str | None, mode: str | None, sizes: d
         rows.append(row)
     print(format_table(headers, rows))
     if len(shown) < len(snapshot.trials):
-        what = f"the best {BEST_SHOWN} by {metric}" if metric and mode else f"the first {BEST_SHOWN}"
+        what = f"the best {BEST_SHOWN} by {metric}, best first," if metric and mode else f"the first {BEST_SHOWN}"
         print(f"({len(snapshot.trials) - len(shown)} more trials not shown: this table holds {what} and every one "
               "in ERROR, unfinished or damaged; --all shows every trial)")
     every = [c for t in snapshot.trials for c in t.checkpoints]

@@ -179,7 +179,7 @@ def _trials_section(snapshot: ExperimentSnapshot, df: pd.DataFrame, metric: str,
         trial_rows.append([t.trial_id, t.status, t.iterations, value, *(t.config.get(k) for k in shown),
                            checkpoint_count(c.name for c in t.checkpoints), *every, (t.error or "")[:80]])
     left_out = "" if len(listed) == len(snapshot.trials) else (
-        f"<p>{len(listed)} of {len(snapshot.trials)} trials: the {BEST_SHOWN} best by {html.escape(metric)} and "
+        f"<p>{len(listed)} of {len(snapshot.trials)} trials: the {BEST_SHOWN} best by {html.escape(metric)}, best first, and "
         "those in ERROR, unfinished or damaged (every trial: <code>tunekit status EXP --all</code>).</p>")
     out = ["<h2>Trials</h2>" + left_out + _table(
         ["trial", "status", "iterations", f"last {metric}", *shown, "checkpoints",
