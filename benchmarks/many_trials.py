@@ -14,7 +14,8 @@ one run (interleaved when ``--repeats`` > 1, best of each reported):
 * ``class+callbacks``: ``class`` with ``ParquetLogger()``, ``ProgressPrinter("loss", mode="min")`` and
   ``KeepCheckpoints(trial_latest=1, experiment_best=5, ...)`` (``--callbacks``: some of them, to see what
   each costs);
-* ``function+callbacks``: ``function`` with the same callbacks;
+* ``function+callbacks``: ``function`` with the same callbacks (the function variants checkpoint every 2
+  iterations and not at a trial's end, as ``plain-function`` does);
 * ``plain-function``: what a Ray Tune user writes as a training function without tunekit (``torch.save``
   into a temporary directory and ``tune.report(..., checkpoint=...)`` every 2 iterations; Ray refuses
   ``checkpoint_frequency`` for function trainables): Ray's own cost of running a function (a thread per
@@ -221,9 +222,11 @@ def _sweep(storage: str, name: str, variant: str, *, trials: int, iterations: in
         run_config=tune.RunConfig(
             name=name, storage_path=storage, stop={"training_iteration": iterations}, verbose=0,
             callbacks=callbacks,
-            # (a training function checkpoints itself: Ray refuses a frequency for it)
+            # (a training function checkpoints itself: Ray refuses a frequency for it; tunekit's function
+            # trainable saves as often as it, every 2 iterations and not at a trial's end, so that ASHA's early
+            # stops cost both sides the same saves)
             checkpoint_config=tune.CheckpointConfig() if variant == "plain-function" else
-            tune.CheckpointConfig(checkpoint_frequency=2, checkpoint_at_end=True),
+            tune.CheckpointConfig(checkpoint_frequency=2, checkpoint_at_end=not variant.startswith("function")),
         ),
     )
     try:
