@@ -182,9 +182,10 @@ class KeepCheckpoints(TunekitCallback):
 
     # -- trials whose checkpoints can no longer change -------------------------------------
     # A finished trial whose checkpoints are all whole and all kept by its own selections (trial_latest,
-    # trial_best) is settled: nothing of it is deleted again in this run, and only its best can still count
-    # (for experiment_best). It is left out of the walk over the trials, which is then over the open trials
-    # only, not O(trials) per checkpoint (2,000 trials: most of the sweep's time was this walk).
+    # trial_best), or which has none left (one ASHA stopped before its first save), is settled: nothing of it
+    # is deleted again in this run, and only its best can still count (for experiment_best). It is left out
+    # of the walk over the trials, which is then over the open trials only, not O(trials) per checkpoint
+    # (2,000 trials: most of the sweep's time was this walk).
     def _open_trials(self, trials: list[Trial], new: tuple[Trial, Any] | None, *, incremental: bool) -> list[Trial]:
         if not incremental or len(trials) < self._known or (new is not None and new[0].trial_id in self._settled):
             self._forget_settled()
@@ -209,8 +210,8 @@ class KeepCheckpoints(TunekitCallback):
             tid = trial.trial_id
             if trial.status != Trial.TERMINATED or len(complete[tid]) != len(by_trial[tid]):
                 continue  # it may go on, or one of its checkpoints is being written (or its write died)
-            left = [c for c in complete[tid] if c.uri not in doomed]
-            if not left or selected({tid: left}, own) != {c.uri for c in left}:
+            left = [c for c in complete[tid] if c.uri not in doomed]  # (none: it never saved, or all go now)
+            if left and selected({tid: left}, own) != {c.uri for c in left}:
                 continue
             self._settled.add(tid)
             self.settled += 1

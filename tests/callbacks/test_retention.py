@@ -272,6 +272,27 @@ def test_finished_trials_settle_and_the_experiments_best_stays_whoever_holds_it(
     assert keep.deleted == 5 * 3 - len(left)
 
 
+def _unsaved(config):
+    """Reports two results, no checkpoint (a trial a scheduler stops before its first save)."""
+    for score in (1.0, 2.0):
+        tune.report({"score": score})
+
+
+def test_trials_that_end_without_a_checkpoint_settle(ray_session, storage):
+    """A finished trial that never saved (ASHA stops most trials before their first save) is settled like
+    one whose checkpoints are all kept: otherwise each later checkpoint walks every such trial again."""
+    keep = KeepCheckpoints(trial_latest=1)
+    grid = tune.Tuner(
+        tune.with_resources(_unsaved, {"cpu": 2}),
+        param_space={"k": tune.grid_search(list(range(3)))},
+        run_config=tune.RunConfig(name="unsaved", storage_path=str(storage), verbose=0, callbacks=[keep]),
+    ).fit()
+    assert not grid.errors and keep.deleted == 0
+    # each settles at the next end it sees (Ray calls on_trial_complete before it marks the trial TERMINATED);
+    # the last one's end is the run's
+    assert keep.settled >= 2, keep.settled
+
+
 def test_a_budget_counts_each_train_checkpoint_of_a_multi_worker_trial_once(tmp_path):
     """A multi-worker trial's Tune checkpoints are pointers of a few KB; ``max_bytes`` counts the Train
     checkpoints they name, each once (two pointers may name one), freed only with its last pointer."""
